@@ -1,0 +1,101 @@
+#include "ep.h"
+
+#include <cstdlib>
+#include <vector>
+
+#include "ep_factory.h"
+#include "moe_support.h"
+
+namespace hinamoe_ep {
+
+namespace {
+
+// Reads session config entry `key`; returns false when absent.
+bool config_entry(const OrtApi& api, const OrtSessionOptions* so, const char* key, std::string* out) {
+  int has = 0;
+  Ort::ThrowOnError(api.HasSessionConfigEntry(so, key, &has));
+  if (!has) return false;
+  size_t size = 0;
+  Ort::ThrowOnError(api.GetSessionConfigEntry(so, key, nullptr, &size));
+  std::vector<char> buf(size + 1, '\0');
+  Ort::ThrowOnError(api.GetSessionConfigEntry(so, key, buf.data(), &size));
+  *out = buf.data();
+  return true;
+}
+
+}  // namespace
+
+OrtStatus* HinaEp::read_options(const OrtApi& api, const OrtSessionOptions* so, Options* out) {
+  HINA_API_BEGIN
+  // Provider options arrive as "ep.<lower-cased ep name>.<key>".
+  std::string isa;
+  std::string source = "provider option 'isa'";
+  if (so == nullptr || !config_entry(api, so, "ep.hinamoe.isa", &isa)) {
+    const char* env = std::getenv("HINAMOE_ISA");
+    if (env != nullptr && *env != '\0') {
+      isa = env;
+      source = "environment variable HINAMOE_ISA";
+    } else {
+      isa = "auto";
+    }
+  }
+  std::string error;
+  out->tier = hinamoe::select_tier(isa, &error);
+  if (out->tier == nullptr) {
+    return make_status(ORT_INVALID_ARGUMENT, "HinaMoE: " + source + " = '" + isa + "': " + error);
+  }
+  out->isa = isa;
+  return nullptr;
+  HINA_API_END
+}
+
+HinaEp::HinaEp(HinaEpFactory& factory, const Options& options, const OrtLogger& logger)
+    : OrtEp{}, factory_(factory), options_(options), logger_(logger) {
+  ort_version_supported = kApiVersion;
+  GetName = GetNameImpl;
+  GetCapability = GetCapabilityImpl;
+  GetKernelRegistry = GetKernelRegistryImpl;
+  // Kernel-registry EP: nothing to compile; the other callbacks are optional.
+  log(ORT_LOGGING_LEVEL_INFO, std::string("HinaMoE EP created, kernel tier '") + options_.tier->name + "'");
+}
+
+void HinaEp::log(OrtLoggingLevel level, const std::string& msg) const {
+  OrtStatus* st = factory_.api().Logger_LogMessage(&logger_, level, msg.c_str(), __FILE__, __LINE__, "HinaMoE");
+  if (st != nullptr) factory_.api().ReleaseStatus(st);
+}
+
+const char* ORT_API_CALL HinaEp::GetNameImpl(const OrtEp*) noexcept { return kEpName; }
+
+OrtStatus* ORT_API_CALL HinaEp::GetCapabilityImpl(OrtEp* this_ptr, const OrtGraph* graph,
+                                                  OrtEpGraphSupportInfo* support) noexcept {
+  auto* ep = static_cast<HinaEp*>(this_ptr);
+  HINA_API_BEGIN
+  Ort::ConstGraph g{graph};
+  for (const Ort::ConstNode& node : g.GetNodes()) {
+    if (node.GetDomain() != "com.microsoft") continue;
+    std::string why_not;
+    if (node.GetOperatorType() == "MoE") {
+      why_not = moe_unsupported_reason(node);
+    } else {
+      continue;
+    }
+    if (!why_not.empty()) {
+      ep->log(ORT_LOGGING_LEVEL_WARNING, "HinaMoE leaves node '" + node.GetName() + "' (" +
+                                             node.GetOperatorType() + ") to another EP: " + why_not);
+      continue;
+    }
+    const OrtKernelDef* def = nullptr;
+    HINA_RETURN_IF_ERROR(ep->factory_.ep_api().EpGraphSupportInfo_LookUpKernel(support, node, &def));
+    if (def == nullptr) continue;  // e.g. a type our registry does not list
+    HINA_RETURN_IF_ERROR(ep->factory_.ep_api().EpGraphSupportInfo_AddSingleNode(support, node));
+  }
+  return nullptr;
+  HINA_API_END
+}
+
+OrtStatus* ORT_API_CALL HinaEp::GetKernelRegistryImpl(OrtEp* this_ptr, const OrtKernelRegistry** registry) noexcept {
+  *registry = nullptr;
+  return static_cast<HinaEp*>(this_ptr)->factory_.kernel_registry(registry);
+}
+
+}  // namespace hinamoe_ep

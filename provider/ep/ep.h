@@ -1,0 +1,42 @@
+// The HinaMoE execution provider for one session: options, GetCapability
+// (which nodes we claim) and the kernel registry that runs them.
+#pragma once
+
+#include <string>
+
+#include "kernels/tier.h"
+#include "ort_api.h"
+
+namespace hinamoe_ep {
+
+class HinaEpFactory;
+
+class HinaEp : public OrtEp {
+ public:
+  struct Options {
+    const hinamoe::KernelTier* tier = nullptr;  // resolved from "isa"
+    std::string isa = "auto";                   // as the user wrote it
+  };
+
+  // Reads provider options (session config "ep.hinamoe.<key>") and the
+  // HINAMOE_ISA environment variable; the provider option wins. An unknown
+  // key value is an error, so a typo fails session creation loudly.
+  static OrtStatus* read_options(const OrtApi& api, const OrtSessionOptions* so, Options* out);
+
+  HinaEp(HinaEpFactory& factory, const Options& options, const OrtLogger& logger);
+
+  const Options& options() const { return options_; }
+  void log(OrtLoggingLevel level, const std::string& msg) const;
+
+ private:
+  static const char* ORT_API_CALL GetNameImpl(const OrtEp*) noexcept;
+  static OrtStatus* ORT_API_CALL GetCapabilityImpl(OrtEp*, const OrtGraph* graph,
+                                                   OrtEpGraphSupportInfo* support) noexcept;
+  static OrtStatus* ORT_API_CALL GetKernelRegistryImpl(OrtEp*, const OrtKernelRegistry** registry) noexcept;
+
+  HinaEpFactory& factory_;
+  Options options_;
+  const OrtLogger& logger_;
+};
+
+}  // namespace hinamoe_ep

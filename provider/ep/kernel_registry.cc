@@ -1,0 +1,42 @@
+#include "kernel_registry.h"
+
+#include <vector>
+
+#include "moe_kernel.h"
+
+namespace hinamoe_ep {
+
+namespace {
+
+const OrtDataType* tensor_type(ONNXTensorElementDataType t) {
+  const OrtDataType* dt = nullptr;
+  Ort::ThrowOnError(Ort::GetEpApi().GetTensorDataType(t, &dt));
+  return dt;
+}
+
+}  // namespace
+
+OrtStatus* create_kernel_registry(const char* ep_name, OrtKernelRegistry** out) {
+  *out = nullptr;
+  HINA_API_BEGIN
+  Ort::KernelRegistry registry;
+
+  // com.microsoft::MoE, T in {float, float16, bfloat16}.
+  std::vector<const OrtDataType*> moe_types = {tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT),
+                                               tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16),
+                                               tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16)};
+  Ort::KernelDef moe_def = Ort::KernelDefBuilder()
+                               .SetOperatorType("MoE")
+                               .SetDomain("com.microsoft")
+                               .SetSinceVersion(1, 1)
+                               .SetExecutionProvider(ep_name)
+                               .AddTypeConstraint("T", moe_types)
+                               .Build();
+  Ort::ThrowOnError(registry.AddKernel(moe_def, create_moe_kernel, nullptr));
+
+  *out = registry.release();
+  return nullptr;
+  HINA_API_END
+}
+
+}  // namespace hinamoe_ep

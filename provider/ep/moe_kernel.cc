@@ -1,0 +1,208 @@
+#include "moe_kernel.h"
+
+#include <optional>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "ep.h"
+#include "kernels/moe_ffn.h"
+#include "moe_attrs.h"
+
+namespace hinamoe_ep {
+
+namespace {
+
+const char* const kInputNames[] = {"input",          "router_probs",        "fc1_experts_weights",
+                                   "fc1_experts_bias", "fc2_experts_weights", "fc2_experts_bias",
+                                   "fc3_experts_weights", "fc3_experts_bias"};
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+hinamoe::DType to_dtype(ONNXTensorElementDataType t) {
+  switch (t) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return hinamoe::DType::F16;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return hinamoe::DType::BF16;
+    default: return hinamoe::DType::F32;
+  }
+}
+
+// Runs fn over ORT's intra-op pool of the session.
+void ort_parallel_for(void* pool, size_t n, void (*fn)(void*, size_t), void* arg) {
+  static_cast<const Ort::KernelContext*>(pool)->ParallelFor(fn, n, 0, arg);
+}
+
+struct MoEKernel : OrtKernelImpl {
+  hinamoe::MoEAttrs attrs;
+  const hinamoe::KernelTier* tier = nullptr;
+  std::string node_name;
+
+  MoEKernel() : OrtKernelImpl{} {
+    ort_version_supported = kApiVersion;
+    flags = 0;
+    Compute = ComputeImpl;
+    Release = ReleaseImpl;
+  }
+
+  OrtStatus* error(const std::string& input, const std::string& reason) const {
+    std::string msg = "HinaMoE MoE node '" + node_name + "'";
+    if (!input.empty()) msg += ": input '" + input + "'";
+    return make_status(ORT_INVALID_ARGUMENT, msg + ": " + reason);
+  }
+
+  static OrtStatus* ORT_API_CALL ComputeImpl(OrtKernelImpl* this_ptr, OrtKernelContext* context) noexcept {
+    HINA_API_BEGIN
+    return static_cast<MoEKernel*>(this_ptr)->compute(context);
+    HINA_API_END
+  }
+  static void ORT_API_CALL ReleaseImpl(OrtKernelImpl* this_ptr) noexcept { delete static_cast<MoEKernel*>(this_ptr); }
+
+  OrtStatus* compute(OrtKernelContext* context) const;
+};
+
+OrtStatus* MoEKernel::compute(OrtKernelContext* context) const {
+  Ort::KernelContext ctx(context);
+  const size_t n_in = ctx.GetInputCount();
+  std::vector<Ort::ConstValue> in(8, Ort::ConstValue{nullptr});
+  std::vector<std::vector<int64_t>> shape(8);
+  for (size_t i = 0; i < 8 && i < n_in; ++i) {
+    in[i] = ctx.GetInput(i);
+    if (in[i] != nullptr) shape[i] = in[i].GetTensorTypeAndShapeInfo().GetShape();
+  }
+  for (int i : {0, 1, 2, 4}) {
+    if (in[i] == nullptr) return error(kInputNames[i], "is required");
+  }
+
+  // Shapes: input [T, H] or [B, S, H]; router [T, E]; fc1 [E, N1, H];
+  // fc2 [E, H, I]; fc3 [E, I, H]; biases [E, rows].
+  const auto& xs = shape[0];
+  if (xs.size() != 2 && xs.size() != 3) {
+    return error(kInputNames[0], "has shape " + shape_str(xs) + "; expected rank 2 [tokens, hidden] or 3 [batch, seq, hidden]");
+  }
+  hinamoe::MoEShape s;
+  s.hidden = xs.back();
+  s.tokens = xs.size() == 2 ? xs[0] : xs[0] * xs[1];
+  if (s.hidden <= 0) return error(kInputNames[0], "has shape " + shape_str(xs) + "; hidden size must be positive");
+
+  if (shape[1].size() != 2) return error(kInputNames[1], "has shape " + shape_str(shape[1]) + "; expected [tokens, num_experts]");
+  s.experts = shape[1][1];
+  if (shape[1][0] != s.tokens) {
+    return error(kInputNames[1], "has " + std::to_string(shape[1][0]) + " rows but input has " +
+                                     std::to_string(s.tokens) + " tokens");
+  }
+  if (s.experts <= 0) return error(kInputNames[1], "has no experts (shape " + shape_str(shape[1]) + ")");
+  if (attrs.k > s.experts) {
+    return error("", "attribute k=" + std::to_string(attrs.k) + " exceeds the number of experts (" +
+                         std::to_string(s.experts) + ")");
+  }
+  if (shape[4].size() != 3) return error(kInputNames[4], "has shape " + shape_str(shape[4]) + "; expected [num_experts, hidden, inter]");
+  s.inter = shape[4][2];
+  const bool gated = hinamoe::is_gated(attrs.activation);
+  const bool fused = gated && attrs.gate_layout != hinamoe::GateLayout::Separate;
+  const int64_t n1 = fused ? 2 * s.inter : s.inter;
+
+  auto expect = [&](int idx, const std::vector<int64_t>& want, const std::string& what) -> OrtStatus* {
+    if (in[idx] == nullptr) return nullptr;
+    if (shape[idx] != want) {
+      return error(kInputNames[idx], "has shape " + shape_str(shape[idx]) + "; expected " + shape_str(want) + " (" + what + ")");
+    }
+    return nullptr;
+  };
+  const std::string e = "E=" + std::to_string(s.experts), h = "H=" + std::to_string(s.hidden),
+                    i_ = "I=" + std::to_string(s.inter);
+  HINA_RETURN_IF_ERROR(expect(2, {s.experts, n1, s.hidden}, e + (fused ? ", 2*" : ", ") + i_ + ", " + h));
+  HINA_RETURN_IF_ERROR(expect(3, {s.experts, n1}, e + (fused ? ", 2*" : ", ") + i_));
+  HINA_RETURN_IF_ERROR(expect(4, {s.experts, s.hidden, s.inter}, e + ", " + h + ", " + i_));
+  HINA_RETURN_IF_ERROR(expect(5, {s.experts, s.hidden}, e + ", " + h));
+  HINA_RETURN_IF_ERROR(expect(6, {s.experts, s.inter, s.hidden}, e + ", " + i_ + ", " + h));
+  HINA_RETURN_IF_ERROR(expect(7, {s.experts, s.inter}, e + ", " + i_));
+  if (s.inter <= 0) return error(kInputNames[4], "has an empty intermediate dimension");
+
+  hinamoe::MoETensors t;
+  t.dtype = to_dtype(in[0].GetTensorTypeAndShapeInfo().GetElementType());
+  auto data = [&](int i) { return in[i] == nullptr ? nullptr : in[i].GetTensorRawData(); };
+  t.input = data(0);
+  t.router = data(1);
+  t.fc1_w = data(2);
+  t.fc1_b = data(3);
+  t.fc2_w = data(4);
+  t.fc2_b = data(5);
+  t.fc3_w = data(6);
+  t.fc3_b = data(7);
+
+  std::string why = hinamoe::validate_moe(s, attrs, t);
+  if (!why.empty()) return error("", why);
+
+  Ort::UnownedValue out = ctx.GetOutput(0, xs);
+  if (s.tokens == 0) return nullptr;
+  t.output = out.GetTensorMutableRawData();
+
+  hinamoe::Parallel par;
+  par.run = ort_parallel_for;
+  par.pool = &ctx;
+  par.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  why = hinamoe::moe_ffn(s, attrs, t, *tier, par);
+  if (!why.empty()) return error("", why);
+  return nullptr;
+}
+
+template <class T>
+std::optional<T> info_attr(const OrtKernelInfo* info, const char* name);
+
+template <>
+std::optional<int64_t> info_attr<int64_t>(const OrtKernelInfo* info, const char* name) {
+  int64_t v = 0;
+  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &v);
+  if (st != nullptr) { Ort::GetApi().ReleaseStatus(st); return std::nullopt; }
+  return v;
+}
+template <>
+std::optional<float> info_attr<float>(const OrtKernelInfo* info, const char* name) {
+  float v = 0;
+  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_float(info, name, &v);
+  if (st != nullptr) { Ort::GetApi().ReleaseStatus(st); return std::nullopt; }
+  return v;
+}
+template <>
+std::optional<std::string> info_attr<std::string>(const OrtKernelInfo* info, const char* name) {
+  size_t size = 0;
+  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_string(info, name, nullptr, &size);
+  if (st != nullptr) { Ort::GetApi().ReleaseStatus(st); return std::nullopt; }
+  std::string v(size, '\0');
+  Ort::ThrowOnError(Ort::GetApi().KernelInfoGetAttribute_string(info, name, v.data(), &size));
+  v.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+  return v;
+}
+
+}  // namespace
+
+OrtStatus* ORT_API_CALL create_moe_kernel(void*, const OrtKernelInfo* info, OrtKernelImpl** out) noexcept {
+  *out = nullptr;
+  HINA_API_BEGIN
+  auto kernel = std::make_unique<MoEKernel>();
+  Ort::ConstKernelInfo ki{info};
+  kernel->node_name = ki.GetNodeName();
+
+  AttrSource src{
+      [&](const char* n) { return info_attr<int64_t>(info, n); },
+      [&](const char* n) { return info_attr<float>(info, n); },
+      [&](const char* n) { return info_attr<std::string>(info, n); },
+  };
+  std::string why;
+  if (read_moe_attrs(src, &kernel->attrs, &why) != AttrVerdict::Ok) return kernel->error("", why);
+
+  const OrtEp* ep = nullptr;
+  HINA_RETURN_IF_ERROR(Ort::GetEpApi().KernelInfo_GetEp(info, &ep));
+  kernel->tier = static_cast<const HinaEp*>(ep)->options().tier;
+  *out = kernel.release();
+  return nullptr;
+  HINA_API_END
+}
+
+}  // namespace hinamoe_ep

@@ -1,0 +1,30 @@
+// How the kernels borrow threads: the caller hands over a "parallel for".
+// The EP passes ORT's intra-op pool (KernelContext_ParallelFor); tests and the
+// C ABI pass a serial loop or a std::thread pool.
+#pragma once
+
+#include <cstddef>
+
+namespace hinamoe {
+
+struct Parallel {
+  // Calls fn(arg, i) for every i in [0, n), possibly concurrently; returns when all are done.
+  void (*run)(void* pool, size_t n, void (*fn)(void* arg, size_t i), void* arg) = nullptr;
+  void* pool = nullptr;
+  int threads = 1;  // how many run at once: used to size work items
+
+  template <class F>
+  void for_each(size_t n, F&& f) const {
+    auto tramp = [](void* a, size_t i) { (*static_cast<F*>(a))(i); };
+    if (run == nullptr || threads <= 1 || n <= 1) {
+      for (size_t i = 0; i < n; ++i) f(i);
+    } else {
+      run(pool, n, tramp, &f);
+    }
+  }
+};
+
+// A Parallel that runs everything on the calling thread.
+inline Parallel serial() { return Parallel{}; }
+
+}  // namespace hinamoe

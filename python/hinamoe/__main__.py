@@ -1,0 +1,32 @@
+"""`python -m hinamoe`: versions, library path, kernel tiers and EP devices."""
+from __future__ import annotations
+
+import platform
+import sys
+
+
+def main() -> int:
+    import onnxruntime as ort
+
+    import hinamoe
+
+    print(f"hinamoe      {hinamoe.__version__}")
+    print(f"onnxruntime  {ort.__version__}")
+    print(f"python       {sys.version.split()[0]} ({platform.machine()})")
+    print(f"library      {hinamoe.get_library_path()}")
+    print(f"EP name      {hinamoe.get_ep_name()}")
+    best = hinamoe.best_tier()
+    print(f"kernel tier  {best}  (what isa=auto uses on this CPU)")
+    for name in ("avx2", "ref"):
+        why = hinamoe.tier_unavailable_reason(name)
+        print(f"  {name:<6} {'available' if not why else 'unavailable: ' + why}")
+    devices = hinamoe.get_ep_devices()
+    print(f"EP devices   {len(devices)}")
+    for d in devices:
+        meta = dict(d.ep_metadata)
+        print(f"  {d.ep_name} on {d.device.type} (vendor {d.ep_vendor}): {meta}")
+    return 0 if devices else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
