@@ -65,7 +65,6 @@ OrtStatus* ORT_API_CALL HinaEpFactory::GetSupportedDevicesImpl(OrtEpFactory* thi
     std::string tiers;
     for (const auto& t : hinamoe::supported_tiers()) tiers += (tiers.empty() ? "" : ",") + t;
     metadata.Add("supported_isa", tiers.c_str());
-    metadata.Add("version", HINAMOE_VERSION);
     OrtEpDevice* ep_device = nullptr;
     HINA_RETURN_IF_ERROR(f->ep_api_.CreateEpDevice(f, devices[i], metadata, nullptr, &ep_device));
     ep_devices[(*num_ep_devices)++] = ep_device;

@@ -136,18 +136,15 @@ OrtStatus* MoEKernel::compute(OrtKernelContext* context) const {
   t.fc3_w = data(6);
   t.fc3_b = data(7);
 
-  std::string why = hinamoe::validate_moe(s, attrs, t);
-  if (!why.empty()) return error("", why);
-
   Ort::UnownedValue out = ctx.GetOutput(0, xs);
-  if (s.tokens == 0) return nullptr;
-  t.output = out.GetTensorMutableRawData();
+  t.output = s.tokens > 0 ? out.GetTensorMutableRawData() : nullptr;
 
   hinamoe::Parallel par;
   par.run = ort_parallel_for;
   par.pool = &ctx;
   par.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  why = hinamoe::moe_ffn(s, attrs, t, *tier, par);
+  // Validates attributes against the shapes, then runs (nothing for 0 tokens).
+  const std::string why = hinamoe::moe_ffn(s, attrs, t, *tier, par);
   if (!why.empty()) return error("", why);
   return nullptr;
 }

@@ -29,6 +29,7 @@ inline OrtStatus* make_status(OrtErrorCode code, const std::string& msg) {
   } while (0)
 
 // Turn C++ exceptions into an OrtStatus at API boundaries (callbacks are noexcept).
+// ORT_FAIL, not ORT_EP_FAIL: the latter makes the Python API silently re-run on the CPU EP.
 #define HINA_API_BEGIN try {
 #define HINA_API_END                                                        \
   }                                                                         \
@@ -36,8 +37,8 @@ inline OrtStatus* make_status(OrtErrorCode code, const std::string& msg) {
     return Ort::Status(ex).release();                                       \
   }                                                                         \
   catch (const std::exception& ex) {                                        \
-    return hinamoe_ep::make_status(ORT_EP_FAIL, ex.what());                 \
+    return hinamoe_ep::make_status(ORT_FAIL, ex.what());                 \
   }                                                                         \
   catch (...) {                                                             \
-    return hinamoe_ep::make_status(ORT_EP_FAIL, "HinaMoE: unknown exception"); \
+    return hinamoe_ep::make_status(ORT_FAIL, "HinaMoE: unknown exception"); \
   }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 
 namespace hinamoe {
 
@@ -15,11 +16,12 @@ struct Parallel {
 
   template <class F>
   void for_each(size_t n, F&& f) const {
-    auto tramp = [](void* a, size_t i) { (*static_cast<F*>(a))(i); };
+    using Fn = std::remove_reference_t<F>;
+    auto tramp = [](void* a, size_t i) { (*static_cast<Fn*>(a))(i); };
     if (run == nullptr || threads <= 1 || n <= 1) {
       for (size_t i = 0; i < n; ++i) f(i);
     } else {
-      run(pool, n, tramp, &f);
+      run(pool, n, tramp, const_cast<void*>(static_cast<const void*>(&f)));
     }
   }
 };
