@@ -1,0 +1,121 @@
+// The C ABI: thin wrappers that turn C arguments into the C++ structs and
+// exceptions/errors into return codes (nothing may unwind into C callers).
+#include "c_api.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "bandwidth.h"
+#include "moe_ffn.h"
+#include "thread_pool.h"
+
+using namespace hinamoe;
+
+namespace {
+
+void set_err(char* err, size_t len, const std::string& msg) {
+  if (!err || len == 0) return;
+  const size_t n = std::min(len - 1, msg.size());
+  std::memcpy(err, msg.data(), n);
+  err[n] = '\0';
+}
+
+// One pool per calling thread, kept between calls (thread start-up would
+// otherwise dominate small calls) and rebuilt when the thread count changes.
+ThreadPool* pool_for(int threads) {
+  thread_local std::unique_ptr<ThreadPool> pool;
+  if (!pool || pool->threads() != threads) {
+    pool.reset();
+    pool.reset(new ThreadPool(threads));
+  }
+  return pool.get();
+}
+
+}  // namespace
+
+extern "C" {
+
+double hinamoe_read_bandwidth_gbs(size_t bytes, int threads, int repeats) {
+  try {
+    return read_bandwidth_gbs(bytes, threads, repeats);
+  } catch (...) {
+    return 0.0;
+  }
+}
+
+const char* hinamoe_best_tier(void) {
+  static const std::string best = supported_tiers().front();
+  return best.c_str();
+}
+
+const char* hinamoe_tier_unavailable_reason(const char* name) {
+  thread_local std::string why;
+  why = tier_unavailable_reason(name ? name : "");
+  return why.c_str();
+}
+
+const char* hinamoe_tier_names(void) { return tier_names(); }
+
+int hinamoe_moe_ffn(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts, int64_t k, int activation,
+                    int gate_layout, int normalize_routing_weights, float alpha, float beta, float limit,
+                    int limit_after_activation, int dtype, const void* input, const void* router,
+                    const void* fc1_w, const void* fc1_b, const void* fc2_w, const void* fc2_b,
+                    const void* fc3_w, const void* fc3_b, void* output, const char* tier, int threads,
+                    char* err, size_t err_len) {
+  try {
+    if (dtype < 0 || dtype >= kNumDTypes) {
+      set_err(err, err_len, "unknown dtype " + std::to_string(dtype) + " (0 float32, 1 float16, 2 bfloat16)");
+      return 1;
+    }
+    MoEShape shape;
+    shape.tokens = tokens;
+    shape.hidden = hidden;
+    shape.inter = inter;
+    shape.experts = experts;
+    MoEAttrs attrs;
+    attrs.k = k;
+    attrs.activation = static_cast<Activation>(activation);
+    attrs.gate_layout = static_cast<GateLayout>(gate_layout);
+    attrs.normalize_routing_weights = normalize_routing_weights != 0;
+    attrs.alpha = alpha;
+    attrs.beta = beta;
+    attrs.limit = limit;
+    attrs.limit_after_activation = limit_after_activation != 0;
+    MoETensors t;
+    t.dtype = static_cast<DType>(dtype);
+    t.input = input;
+    t.router = router;
+    t.fc1_w = fc1_w;
+    t.fc1_b = fc1_b;
+    t.fc2_w = fc2_w;
+    t.fc2_b = fc2_b;
+    t.fc3_w = fc3_w;
+    t.fc3_b = fc3_b;
+    t.output = output;
+    std::string msg;
+    const KernelTier* kt = select_tier(tier ? tier : "auto", &msg);
+    if (!kt) {
+      set_err(err, err_len, msg);
+      return 2;
+    }
+    const Parallel par = threads > 1 ? pool_for(threads)->parallel() : serial();
+    msg = moe_ffn(shape, attrs, t, *kt, par);
+    if (!msg.empty()) {
+      set_err(err, err_len, msg);
+      return 3;
+    }
+    set_err(err, err_len, "");
+    return 0;
+  } catch (const std::exception& e) {
+    set_err(err, err_len, std::string("hinamoe_moe_ffn failed: ") + e.what());
+    return 4;
+  } catch (...) {
+    set_err(err, err_len, "hinamoe_moe_ffn failed: unknown exception");
+    return 4;
+  }
+}
+
+}  // extern "C"

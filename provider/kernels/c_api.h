@@ -1,0 +1,52 @@
+/* C ABI of libhinamoe_kernels.so: tier queries, a bandwidth probe and a
+ * direct MoE call for tests and benchmarks without ONNX Runtime (ctypes). */
+#ifndef HINAMOE_C_API_H_
+#define HINAMOE_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define HINAMOE_API __declspec(dllexport)
+#else
+#define HINAMOE_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Median read bandwidth in GB/s over `repeats` passes of a `bytes` buffer
+ * streamed by `threads` threads; 0 on allocation failure. */
+HINAMOE_API double hinamoe_read_bandwidth_gbs(size_t bytes, int threads, int repeats);
+
+/* Best tier this CPU runs ("avx2" or "ref"). Static string. */
+HINAMOE_API const char* hinamoe_best_tier(void);
+
+/* "" when the tier runs here, else why not (unknown name, missing ISA).
+ * Thread-local string, valid until the next call on the same thread. */
+HINAMOE_API const char* hinamoe_tier_unavailable_reason(const char* name);
+
+/* Names accepted as `tier` below ("auto, avx2, ref"). Static string. */
+HINAMOE_API const char* hinamoe_tier_names(void);
+
+/* Runs the MoE block (see provider/kernels/moe_ffn.h for the semantics).
+ * dtype: 0 float32, 1 float16, 2 bfloat16 (raw bits for 16-bit types).
+ * activation: 0 relu, 1 gelu, 2 silu, 3 identity, 4 swiglu, 5 geglu, 6 relu2.
+ * gate_layout: 0 separate (fc3 = up), 1 interleaved, 2 stacked.
+ * Biases and fc3 may be NULL. tier: "auto", "avx2" or "ref" (NULL = auto).
+ * threads: how many std::threads run it (<= 1: the calling thread only).
+ * Returns 0 on success; otherwise non-zero with a message in err[err_len]
+ * (NUL-terminated, truncated to fit; err may be NULL). */
+HINAMOE_API int hinamoe_moe_ffn(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts, int64_t k,
+                                int activation, int gate_layout, int normalize_routing_weights, float alpha,
+                                float beta, float limit, int limit_after_activation, int dtype,
+                                const void* input, const void* router, const void* fc1_w, const void* fc1_b,
+                                const void* fc2_w, const void* fc2_b, const void* fc3_w, const void* fc3_b,
+                                void* output, const char* tier, int threads, char* err, size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HINAMOE_C_API_H_ */

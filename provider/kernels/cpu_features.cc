@@ -1,0 +1,84 @@
+// Which tiers this CPU runs: CPUID for the instructions, XGETBV for whether
+// the OS saves YMM state (without it AVX code faults even if CPUID says yes).
+#include <cstdint>
+#include <cstring>
+
+#include "tier.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define HINAMOE_X86 1
+#endif
+
+namespace hinamoe {
+namespace {
+
+struct Features {
+  bool avx2 = false, fma = false, f16c = false, os_ymm = false;
+};
+
+Features detect() {
+  Features f;
+#ifdef HINAMOE_X86
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = (c >> 27) & 1u, avx = (c >> 28) & 1u;
+  f.fma = (c >> 12) & 1u;
+  f.f16c = (c >> 29) & 1u;
+  if (osxsave && avx) {
+    uint32_t lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    f.os_ymm = (lo & 0x6u) == 0x6u;  // XMM and YMM state enabled
+  }
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) f.avx2 = (b >> 5) & 1u;
+#endif
+  return f;
+}
+
+const Features& features() {
+  static const Features f = detect();  // thread-safe static init
+  return f;
+}
+
+}  // namespace
+
+const char* tier_names() { return "auto, avx2, ref"; }
+
+std::string tier_unavailable_reason(const std::string& name) {
+  if (name == "ref") return "";
+  if (name == "avx2") {
+#ifndef HINAMOE_X86
+    return "tier avx2 needs an x86-64 CPU";
+#else
+    const Features& f = features();
+    std::string missing;
+    if (!f.avx2) missing += " AVX2";
+    if (!f.fma) missing += " FMA";
+    if (!f.f16c) missing += " F16C";
+    if (!missing.empty()) return "tier avx2 needs CPU support for" + missing;
+    if (!f.os_ymm) return "tier avx2 needs the OS to save YMM registers (XGETBV says it does not)";
+    return "";
+#endif
+  }
+  return "unknown kernel tier '" + name + "' (expected one of: " + tier_names() + ")";
+}
+
+std::vector<std::string> supported_tiers() {
+  std::vector<std::string> out;
+  if (tier_unavailable_reason("avx2").empty()) out.push_back("avx2");
+  out.push_back("ref");
+  return out;
+}
+
+const KernelTier* select_tier(const std::string& name, std::string* error) {
+  const std::string want = name == "auto" ? supported_tiers().front() : name;
+  const std::string why = tier_unavailable_reason(want);
+  if (!why.empty()) {
+    if (error) *error = why;
+    return nullptr;
+  }
+  if (error) error->clear();
+  return want == "avx2" ? &avx2_tier() : &ref_tier();
+}
+
+}  // namespace hinamoe

@@ -1,0 +1,34 @@
+// The reference tier: plain scalar loops that state what gemm_rows computes.
+// Slow but obviously right; the other tiers are tested against the same math.
+#include "tier.h"
+
+namespace hinamoe {
+namespace {
+
+template <DType DT>
+void gemm_rows_ref(const void* W, int64_t K, int64_t n0, int64_t n1, const float* X, int64_t ldx,
+                   int64_t M, float* Y, int64_t ldy) {
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += load_as_f32(W, n * K + k, DT) * X[m * ldx + k];
+      Y[m * ldy + (n - n0)] = acc;
+    }
+  }
+}
+
+}  // namespace
+
+const KernelTier& ref_tier() {
+  static const KernelTier tier = [] {
+    KernelTier t;
+    t.name = "ref";
+    t.gemm_rows[int(DType::F32)] = gemm_rows_ref<DType::F32>;
+    t.gemm_rows[int(DType::F16)] = gemm_rows_ref<DType::F16>;
+    t.gemm_rows[int(DType::BF16)] = gemm_rows_ref<DType::BF16>;
+    return t;
+  }();
+  return tier;
+}
+
+}  // namespace hinamoe
