@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "amx/amx_detect.h"
 #include "tier.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -42,10 +43,14 @@ const Features& features() {
 
 }  // namespace
 
-const char* tier_names() { return "auto, avx2, ref"; }
+const char* tier_names() { return "auto, amx, avx2, ref, amx-emu"; }
 
 std::string tier_unavailable_reason(const std::string& name) {
-  if (name == "ref") return "";
+  if (name == "ref" || name == "amx-emu") return "";
+  if (name == "amx") {
+    const std::string why = amx_unavailable_reason();
+    return why.empty() ? "" : "tier amx: " + why;
+  }
   if (name == "avx2") {
 #ifndef HINAMOE_X86
     return "tier avx2 needs an x86-64 CPU";
@@ -65,8 +70,10 @@ std::string tier_unavailable_reason(const std::string& name) {
 
 std::vector<std::string> supported_tiers() {
   std::vector<std::string> out;
+  if (tier_unavailable_reason("amx").empty()) out.push_back("amx");
   if (tier_unavailable_reason("avx2").empty()) out.push_back("avx2");
   out.push_back("ref");
+  out.push_back("amx-emu");
   return out;
 }
 
@@ -78,6 +85,8 @@ const KernelTier* select_tier(const std::string& name, std::string* error) {
     return nullptr;
   }
   if (error) error->clear();
+  if (want == "amx") return &amx_tier();
+  if (want == "amx-emu") return &amx_emu_tier();
   return want == "avx2" ? &avx2_tier() : &ref_tier();
 }
 

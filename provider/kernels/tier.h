@@ -18,16 +18,40 @@ namespace hinamoe {
 using GemmRowsFn = void (*)(const void* W, int64_t K, int64_t n0, int64_t n1,
                             const float* X, int64_t ldx, int64_t M, float* Y, int64_t ldy);
 
+struct MoEAttrs;
+
+// Token-transforming expert kernels (the AMX tiers, paper §4): weights stay
+// in place as the A operand; the tokens of an expert are gathered once into
+// a VNNI bf16 buffer, gate/up blocks write the activations straight into the
+// VNNI layout the down projection reads, down blocks write float rows
+// y[m*ldy + h] for h in [h0, h1). Weight pointers are per expert, bf16.
+struct ExpertBlockKernels {
+  int64_t (*vnni_elems)(int64_t K, int64_t M);
+  void (*gather)(const void* x, DType dtype, int64_t H, const int32_t* rows, int64_t M, uint16_t* xv);
+  void (*gate_up)(const MoEAttrs& attrs, int64_t H, int64_t I, const uint16_t* fc1_w, const void* fc1_b,
+                  const uint16_t* fc3_w, const void* fc3_b, DType bias_dtype, const uint16_t* xv, int64_t M,
+                  int64_t j0, int64_t j1, uint16_t* actv);
+  void (*down)(int64_t H, int64_t I, const uint16_t* fc2_w, const void* fc2_b, DType bias_dtype,
+               const uint16_t* actv, int64_t M, int64_t h0, int64_t h1, const float* route_weight,
+               bool accumulate, float* y, int64_t ldy);
+  int64_t row_block;  // blocks of j and h are multiples of this (tile rows)
+};
+
 struct KernelTier {
   const char* name = "";
   GemmRowsFn gemm_rows[kNumDTypes] = {};  // indexed by DType
+  // When set, bf16 weights go through these instead of gemm_rows.
+  const ExpertBlockKernels* bf16_blocks = nullptr;
 };
 
 // Tiers compiled into this build.
 const KernelTier& ref_tier();
-const KernelTier& avx2_tier();  // callable only when cpu_supports("avx2")
+const KernelTier& avx2_tier();     // only where tier_unavailable_reason("avx2") is ""
+const KernelTier& amx_tier();      // only where tier_unavailable_reason("amx") is ""
+const KernelTier& amx_emu_tier();  // the AMX kernels on the software tile emulator (slow; tests)
 
-// Tier names, best first, that this CPU can run ("avx2", "ref").
+// Tier names, best first, that this CPU can run ("amx", "avx2", "ref",
+// "amx-emu"; the emulator is always listed last: it is for tests).
 std::vector<std::string> supported_tiers();
 // Why a tier cannot run here ("" if it can). Unknown names say so.
 std::string tier_unavailable_reason(const std::string& name);

@@ -1,0 +1,44 @@
+// The HiNa kernel instantiated over real AMX instructions. Compiled on every
+// build; runs only where amx_unavailable_reason() == "".
+//
+// Everything shared with other translation units (the standard library,
+// dtype/activation helpers, the layout transforms) is included BEFORE the
+// target pragma, so only the Ops-templated kernel code below is compiled
+// with AMX enabled (DESIGN.md §5: keep ISA flags away from shared inline
+// code). Those templates are instantiated with AmxTileOps nowhere else.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "../activation.h"
+#include "amx_layout.h"
+#include "hina_microkernel.h"
+#include "tile_ops.h"
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16")
+
+#include "hina_microkernel_impl.h"
+#include "tile_ops_amx.h"
+
+namespace hinamoe {
+
+void amx_gate_up_block_amx(const MoEAttrs& attrs, int64_t H, int64_t I, const uint16_t* fc1_w,
+                           const void* fc1_b, const uint16_t* fc3_w, const void* fc3_b, DType bias_dtype,
+                           const uint16_t* xv, int64_t M, int64_t j0, int64_t j1, uint16_t* actv) {
+  amx::AmxTileOps ops;
+  amx::gate_up_block(ops, attrs, H, I, fc1_w, fc1_b, fc3_w, fc3_b, bias_dtype, xv, M, j0, j1, actv);
+  ops.release();  // back to the init state: cheap context switches
+}
+
+void amx_down_block_amx(int64_t H, int64_t I, const uint16_t* fc2_w, const void* fc2_b, DType bias_dtype,
+                        const uint16_t* actv, int64_t M, int64_t h0, int64_t h1, const float* route_weight,
+                        bool accumulate, float* y, int64_t ldy) {
+  amx::AmxTileOps ops;
+  amx::down_block(ops, H, I, fc2_w, fc2_b, bias_dtype, actv, M, h0, h1, route_weight, accumulate, y, ldy);
+  ops.release();
+}
+
+}  // namespace hinamoe
+
+#pragma GCC pop_options

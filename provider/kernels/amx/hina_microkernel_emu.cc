@@ -1,0 +1,26 @@
+// The HiNa kernel instantiated over the software tile emulator.
+#include "hina_microkernel.h"
+#include "hina_microkernel_impl.h"
+#include "tile_ops_emu.h"
+
+namespace hinamoe {
+
+void amx_gate_up_block_emu(const MoEAttrs& attrs, int64_t H, int64_t I, const uint16_t* fc1_w,
+                           const void* fc1_b, const uint16_t* fc3_w, const void* fc3_b, DType bias_dtype,
+                           const uint16_t* xv, int64_t M, int64_t j0, int64_t j1, uint16_t* actv) {
+  amx::TileEmulator emu;  // a fresh register file per call, like a fresh thread
+  amx::EmuTileOps ops(emu);
+  amx::gate_up_block(ops, attrs, H, I, fc1_w, fc1_b, fc3_w, fc3_b, bias_dtype, xv, M, j0, j1, actv);
+  ops.release();
+}
+
+void amx_down_block_emu(int64_t H, int64_t I, const uint16_t* fc2_w, const void* fc2_b, DType bias_dtype,
+                        const uint16_t* actv, int64_t M, int64_t h0, int64_t h1, const float* route_weight,
+                        bool accumulate, float* y, int64_t ldy) {
+  amx::TileEmulator emu;
+  amx::EmuTileOps ops(emu);
+  amx::down_block(ops, H, I, fc2_w, fc2_b, bias_dtype, actv, M, h0, h1, route_weight, accumulate, y, ldy);
+  ops.release();
+}
+
+}  // namespace hinamoe

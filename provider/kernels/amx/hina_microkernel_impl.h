@@ -1,0 +1,223 @@
+// The HiNa micro-kernel and the two per-expert phases, written once over a
+// TileOps policy (tile_ops.h). Everything here is a template on Ops, so the
+// real instantiation can be compiled under an AMX target pragma without
+// touching code shared with other translation units.
+//
+// C^T = W * I^T (DESIGN.md §4): the weight W [N, K] row-major is the A
+// operand exactly where it lies (tile rows = output features, 64 bytes = 32
+// bf16 along K, stride K*2 bytes); the tokens are the B operand, already in
+// VNNI order. Tiles (Algorithm 1): tmm0-1 tokens, tmm2-3 W, tmm4-7 fp32
+// accumulators, m_r = n_r = 32, or m_r = M (down to 1: colsb = 4) for small M.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "../activation.h"
+#include "amx_layout.h"
+#include "tile_ops.h"
+
+namespace hinamoe {
+namespace amx {
+
+// Accumulator block written by the micro-kernel: fp32 [32 rows of W][32 tokens].
+constexpr int kAccLd = 32;
+
+template <class Ops>
+class HinaMicroKernel {
+ public:
+  explicit HinaMicroKernel(Ops& ops) : ops_(ops) {}
+
+  // C[r][c] = sum_{k<K} A(r, k) * tok(k, mb + c) for r < ra0 + ra1, c < mt,
+  // where A rows 0..ra0-1 are A0[r*K + k] and rows 16..16+ra1-1 are
+  // A1[(r-16)*K + k] (ra0 <= 16, ra1 <= 16, ra1 > 0 only if ra0 == 16 or the
+  // caller keeps gate rows 0..15 / up rows 16..31 apart). tok is a VNNI
+  // buffer (K padded to 32) of M tokens. Rows of C past ra0 (up to 16) are
+  // not written. stream: load W with TILELOADDT1.
+  void run(const uint16_t* A0, int ra0, const uint16_t* A1, int ra1, int64_t K, const uint16_t* tok,
+           int64_t M, int64_t mb, int mt, bool stream, float* C) {
+    const int mt0 = std::min(mt, 16), mt1 = mt - mt0;
+    reshape(ra0, ra1, mt0, mt1);
+    const bool w1 = ra1 > 0, t1 = mt1 > 0;
+    ops_.template zero<4>();
+    if (t1) ops_.template zero<5>();
+    if (w1) ops_.template zero<6>();
+    if (w1 && t1) ops_.template zero<7>();
+
+    const int64_t lda = K * 2, ldb = 4 * M;  // bytes
+    const char* tb = reinterpret_cast<const char*>(tok + 2 * mb);
+    const int64_t kfull = K / 32 * 32;
+    for (int64_t kb = 0; kb < kfull; kb += 32) {
+      const char* bk = tb + (kb / 2) * ldb;
+      ops_.template load<0>(bk, ldb);
+      if (t1) ops_.template load<1>(bk + 64, ldb);
+      load_w<2>(A0 + kb, lda, stream);
+      if (w1) load_w<3>(A1 + kb, lda, stream);
+      dot(w1, t1);
+    }
+    if (kfull < K) {
+      // K tail: the only place W is staged — the last K%32 columns of these
+      // rows, zero-padded, so tile shapes (and the live accumulators) stay.
+      alignas(64) uint16_t st[32][32];
+      std::memset(st, 0, sizeof(st));
+      const size_t tail = size_t(K - kfull) * 2;
+      for (int r = 0; r < ra0; ++r) std::memcpy(st[r], A0 + r * K + kfull, tail);
+      for (int r = 0; r < ra1; ++r) std::memcpy(st[16 + r], A1 + r * K + kfull, tail);
+      ops_.staged(st);
+      const char* bk = tb + (kfull / 2) * ldb;  // token side is zero-padded to 32
+      ops_.template load<0>(bk, ldb);
+      if (t1) ops_.template load<1>(bk + 64, ldb);
+      ops_.template load<2>(st[0], 64);
+      if (w1) ops_.template load<3>(st[16], 64);
+      dot(w1, t1);
+    }
+    constexpr int64_t ldc = kAccLd * 4;
+    ops_.template store<4>(C, ldc);
+    if (t1) ops_.template store<5>(C + 16, ldc);
+    if (w1) ops_.template store<6>(C + 16 * kAccLd, ldc);
+    if (w1 && t1) ops_.template store<7>(C + 16 * kAccLd + 16, ldc);
+  }
+
+ private:
+  template <int T>
+  void load_w(const uint16_t* p, int64_t lda, bool stream) {
+    if (stream) ops_.template stream_load<T>(p, lda);
+    else ops_.template load<T>(p, lda);
+  }
+
+  void dot(bool w1, bool t1) {
+    ops_.template dp_bf16<4, 2, 0>();
+    if (t1) ops_.template dp_bf16<5, 2, 1>();
+    if (w1) ops_.template dp_bf16<6, 3, 0>();
+    if (w1 && t1) ops_.template dp_bf16<7, 3, 1>();
+  }
+
+  // LDTILECFG only when the edge shape changes (it also zeroes the tiles).
+  void reshape(int ra0, int ra1, int mt0, int mt1) {
+    const int want[4] = {ra0, ra1, mt0, mt1};
+    if (have_ && std::memcmp(want, cur_, sizeof(want)) == 0) return;
+    TileConfig c = blank_palette1();
+    set_tile(&c, 0, 16, 4 * mt0);
+    if (mt1) set_tile(&c, 1, 16, 4 * mt1);
+    set_tile(&c, 2, ra0, 64);
+    if (ra1) set_tile(&c, 3, ra1, 64);
+    set_tile(&c, 4, ra0, 4 * mt0);
+    if (mt1) set_tile(&c, 5, ra0, 4 * mt1);
+    if (ra1) set_tile(&c, 6, ra1, 4 * mt0);
+    if (ra1 && mt1) set_tile(&c, 7, ra1, 4 * mt1);
+    ops_.configure(c);
+    std::memcpy(cur_, want, sizeof(want));
+    have_ = true;
+  }
+
+  Ops& ops_;
+  bool have_ = false;
+  int cur_[4] = {};
+};
+
+// Token blocks of a W panel run forward on even panels and backward on odd
+// ones: with M > 32 the last block has another shape, and this order needs
+// one LDTILECFG per panel instead of two. The W panel itself is re-read
+// from cache (not memory) for each token block. (A template on Ops only so
+// that, like everything here, it is compiled per instantiation.)
+template <class Ops>
+inline int64_t zigzag(int64_t ib, int64_t nmb, int64_t panel) {
+  return (panel & 1) ? nmb - 1 - ib : ib;
+}
+
+template <class Ops>
+void gate_up_block(Ops& ops, const MoEAttrs& at, int64_t H, int64_t I, const uint16_t* fc1_w, const void* fc1_b,
+                   const uint16_t* fc3_w, const void* fc3_b, DType bdt, const uint16_t* xv, int64_t M,
+                   int64_t j0, int64_t j1, uint16_t* actv) {
+  if (j1 == I) vnni_zero_tail(I, M, actv);
+  if (M <= 0 || j0 >= j1) return;
+  const bool gated = is_gated(at.activation);
+  const bool inter = gated && at.gate_layout == GateLayout::Interleaved;
+  const bool stacked = gated && at.gate_layout == GateLayout::Stacked;
+  const uint16_t* upw = stacked ? fc1_w + I * H : fc3_w;  // Stacked / Separate up rows
+  const void* upb = stacked ? fc1_b : fc3_b;
+  const int64_t upb_off = stacked ? I : 0;
+  const bool stream = M <= 32;  // W is used once: keep it out of the cache
+  const int64_t jstep = gated ? 16 : 32;
+
+  HinaMicroKernel<Ops> mk(ops);
+  alignas(64) float C[32 * kAccLd];
+  alignas(64) float act[32 * kAccLd];
+  float bg[32], bu[16];
+  for (int64_t j = j0; j < j1; j += jstep) {
+    const int jr = int(std::min(jstep, j1 - j));
+    const uint16_t *A0, *A1;
+    int ra0, ra1;
+    if (!gated) {  // rows j..j+jr of W1
+      A0 = fc1_w + j * H; ra0 = std::min(jr, 16);
+      ra1 = jr - ra0;     A1 = ra1 ? A0 + 16 * H : A0;
+    } else if (inter) {  // rows 2j..2j+2jr: gate/up pairs never straddle a tile
+      A0 = fc1_w + 2 * j * H; ra0 = std::min(2 * jr, 16);
+      ra1 = 2 * jr - ra0;     A1 = ra1 ? A0 + 16 * H : A0;
+    } else {  // gate rows in tmm2, up rows in tmm3
+      A0 = fc1_w + j * H; ra0 = jr;
+      A1 = upw + j * H;   ra1 = jr;
+    }
+    // Biases of this block as float (0 when absent).
+    for (int q = 0; q < jr; ++q) {
+      if (!gated) {
+        bg[q] = fc1_b ? load_as_f32(fc1_b, j + q, bdt) : 0.0f;
+      } else if (inter) {
+        bg[q] = fc1_b ? load_as_f32(fc1_b, 2 * (j + q), bdt) : 0.0f;
+        bu[q] = fc1_b ? load_as_f32(fc1_b, 2 * (j + q) + 1, bdt) : 0.0f;
+      } else {
+        bg[q] = fc1_b ? load_as_f32(fc1_b, j + q, bdt) : 0.0f;
+        bu[q] = upb ? load_as_f32(upb, upb_off + j + q, bdt) : 0.0f;
+      }
+    }
+    const int64_t nmb = (M + 31) / 32;
+    for (int64_t ib = 0; ib < nmb; ++ib) {
+      const int64_t mb = 32 * zigzag<Ops>(ib, nmb, (j - j0) / jstep);
+      const int mt = int(std::min<int64_t>(32, M - mb));
+      mk.run(A0, ra0, A1, ra1, H, xv, M, mb, mt, stream, C);
+      // Epilogue on the accumulators: bias + activation, then transform 2.
+      for (int q = 0; q < jr; ++q) {
+        float* a = act + q * kAccLd;
+        if (!gated) {
+          const float* c = C + q * kAccLd;
+          for (int m = 0; m < mt; ++m) a[m] = activate(at.activation, c[m] + bg[q]);
+        } else {
+          const float* g = C + (inter ? 2 * q : q) * kAccLd;
+          const float* u = C + (inter ? 2 * q + 1 : 16 + q) * kAccLd;
+          for (int m = 0; m < mt; ++m) a[m] = activate_gated(at, g[m] + bg[q], u[m] + bu[q]);
+        }
+      }
+      store_vnni_block(act, kAccLd, jr, mt, j, mb, M, actv);
+    }
+  }
+}
+
+template <class Ops>
+void down_block(Ops& ops, int64_t H, int64_t I, const uint16_t* fc2_w, const void* fc2_b, DType bdt,
+                const uint16_t* actv, int64_t M, int64_t h0, int64_t h1, const float* route_weight,
+                bool accumulate, float* y, int64_t ldy) {
+  (void)H;
+  if (M <= 0 || h0 >= h1) return;
+  const bool stream = M <= 32;
+  HinaMicroKernel<Ops> mk(ops);
+  alignas(64) float C[32 * kAccLd];
+  float bias[32];
+  for (int64_t h = h0; h < h1; h += 32) {
+    const int hr = int(std::min<int64_t>(32, h1 - h));
+    const int ra0 = std::min(hr, 16), ra1 = hr - ra0;
+    const uint16_t* A0 = fc2_w + h * I;
+    for (int r = 0; r < hr; ++r) bias[r] = fc2_b ? load_as_f32(fc2_b, h + r, bdt) : 0.0f;
+    const int64_t nmb = (M + 31) / 32;
+    for (int64_t ib = 0; ib < nmb; ++ib) {
+      const int64_t mb = 32 * zigzag<Ops>(ib, nmb, (h - h0) / 32);
+      const int mt = int(std::min<int64_t>(32, M - mb));
+      mk.run(A0, ra0, ra1 ? A0 + 16 * I : A0, ra1, I, actv, M, mb, mt, stream, C);
+      // Transform 3: [h][m] -> rows [m][h], times the routing weight.
+      store_transposed(C, kAccLd, hr, mt, fc2_b ? bias : nullptr, route_weight, h, mb, accumulate, y, ldy);
+    }
+  }
+}
+
+}  // namespace amx
+}  // namespace hinamoe
