@@ -115,9 +115,10 @@ OrtStatus* MoEKernel::compute(OrtKernelContext* context) const {
     return nullptr;
   };
   const std::string e = "E=" + std::to_string(s.experts), h = "H=" + std::to_string(s.hidden),
-                    i_ = "I=" + std::to_string(s.inter);
-  HINA_RETURN_IF_ERROR(expect(2, {s.experts, n1, s.hidden}, e + (fused ? ", 2*" : ", ") + i_ + ", " + h));
-  HINA_RETURN_IF_ERROR(expect(3, {s.experts, n1}, e + (fused ? ", 2*" : ", ") + i_));
+                    i_ = "I=" + std::to_string(s.inter),
+                    n1_ = (fused ? "2*I=" : "I=") + std::to_string(n1);
+  HINA_RETURN_IF_ERROR(expect(2, {s.experts, n1, s.hidden}, e + ", " + n1_ + ", " + h));
+  HINA_RETURN_IF_ERROR(expect(3, {s.experts, n1}, e + ", " + n1_));
   HINA_RETURN_IF_ERROR(expect(4, {s.experts, s.hidden, s.inter}, e + ", " + h + ", " + i_));
   HINA_RETURN_IF_ERROR(expect(5, {s.experts, s.hidden}, e + ", " + h));
   HINA_RETURN_IF_ERROR(expect(6, {s.experts, s.inter, s.hidden}, e + ", " + i_ + ", " + h));

@@ -17,9 +17,11 @@ def main() -> int:
     print(f"EP name      {hinamoe.get_ep_name()}")
     best = hinamoe.best_tier()
     print(f"kernel tier  {best}  (what isa=auto uses on this CPU)")
-    for name in ("avx2", "ref"):
+    notes = {"amx-emu": " (AMX kernels on the software tile emulator: slow, for tests)"}
+    for name in ("amx", "avx2", "ref", "amx-emu"):
         why = hinamoe.tier_unavailable_reason(name)
-        print(f"  {name:<6} {'available' if not why else 'unavailable: ' + why}")
+        state = "available" + notes.get(name, "") if not why else "unavailable: " + why
+        print(f"  {name:<8} {state}")
     devices = hinamoe.get_ep_devices()
     print(f"EP devices   {len(devices)}")
     for d in devices:

@@ -1,0 +1,42 @@
+"""Model recipes for HinaMoE: single ``com.microsoft::MoE`` layers at real or
+random shapes, crafted routing, and the expert shapes of real models.
+
+Installed as ``hinamoe.models``; only relative imports inside.
+"""
+
+from .moe_layer import (  # noqa: F401
+    ACTIVATIONS,
+    GATED,
+    MoEConfig,
+    MoERunner,
+    build_moe_model,
+    canon_dtype,
+    model_path,
+    model_source,
+    np_dtype,
+    onnx_dtype,
+    random_input,
+    random_logits,
+    random_weights,
+    round_to,
+    run_moe,
+    save_moe_model,
+    short_dtype,
+    weight_feeds,
+)
+from .routing import (  # noqa: F401
+    RoutingPlan,
+    crafted_logits,
+    expert_token_counts,
+    rotating_active_sets,
+    tokens_for,
+)
+from .shapes import DEFAULT_BENCH_MODELS, SHAPES, MoEShape, get_shape, list_shapes  # noqa: F401
+
+__all__ = [
+    "ACTIVATIONS", "GATED", "MoEConfig", "MoERunner", "build_moe_model", "canon_dtype",
+    "model_path", "model_source", "np_dtype", "onnx_dtype", "random_input", "random_logits",
+    "random_weights", "round_to", "run_moe", "save_moe_model", "short_dtype", "weight_feeds",
+    "RoutingPlan", "crafted_logits", "expert_token_counts", "rotating_active_sets", "tokens_for",
+    "DEFAULT_BENCH_MODELS", "SHAPES", "MoEShape", "get_shape", "list_shapes",
+]

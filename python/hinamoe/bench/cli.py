@@ -1,0 +1,52 @@
+"""Command line entry point: ``hina-bench <subcommand> [options]``.
+
+Each subcommand is a module with ``NAME``, ``HELP``, ``DESCRIPTION``,
+``add_arguments(parser)`` and ``run(args) -> int``; add new ones to
+``SUBCOMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand name -> module (relative to this package)
+SUBCOMMANDS = {
+    "ffn": ".ffn",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hina-bench",
+        description=(
+            "Benchmarks for the HinaMoE ONNX Runtime execution provider. Each "
+            "subcommand times one kind of node at real model shapes, side by side "
+            "with ONNX Runtime's own CPU EP, and reports effective memory bandwidth "
+            "against the machine's measured read bandwidth."),
+        epilog="Run 'hina-bench <subcommand> --help' for the options of a subcommand.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="<subcommand>")
+    sub.required = True
+    for name, modname in SUBCOMMANDS.items():
+        mod = importlib.import_module(modname, __package__)
+        p = sub.add_parser(name, help=mod.HELP, description=mod.DESCRIPTION,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

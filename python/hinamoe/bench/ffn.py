@@ -1,0 +1,484 @@
+"""``hina-bench ffn``: one ``com.microsoft::MoE`` node at real expert shapes."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, asdict
+from pathlib import Path
+
+import numpy as np
+
+NAME = "ffn"
+HELP = "time a single MoE FFN node at real expert shapes (HinaMoE vs ORT CPU EP)"
+DESCRIPTION = """\
+Time one com.microsoft::MoE node at the expert shapes of real models.
+
+For every model, dtype, thread count and tokens-per-expert value n, the router
+logits are crafted so that each active expert receives exactly n tokens
+(k experts per token, T = n tokens with k active experts). The layer holds fewer
+experts than the real model (shapes are exact) but at least ~4x the last-level
+cache, and the active experts rotate between timed repetitions, so the weights
+stream from DRAM as in decode.
+
+Reported per point: median latency (after warm-up), effective bandwidth
+= expert weight bytes touched / time (bytes in the model's dtype), that
+bandwidth as a % of the read bandwidth measured by
+hinamoe.measure_read_bandwidth(threads) in the same run (probed before and
+after the points; the larger value is used), and the speed-up
+over ONNX Runtime's CPU EP on the same node (same dtype where the CPU EP has
+it, and always against the CPU EP running the f32 model). The CPU EP has no
+bf16 MoE, and converts f16 weights to f32 when the session is created.
+
+Examples:
+  hina-bench ffn                                  # default: 3 models, all points
+  hina-bench ffn --quick                          # a 1-2 minute smoke run
+  hina-bench ffn --models mixtral-8x7b --dtypes bf16,f32 --tokens 1,2,4 --out res/
+  hina-bench ffn --list-models
+"""
+
+DEFAULT_TOKENS = (1, 2, 4, 8, 16)
+DEFAULT_DTYPES = ("f32", "f16", "bf16")
+DEFAULT_THREADS = (1, 2)
+L3_BYTES_DEFAULT = 32 * 2 ** 20
+
+
+def _csv(kind):
+    def parse(text: str):
+        items = [s.strip() for s in text.split(",") if s.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("empty list")
+        try:
+            return [kind(s) for s in items]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+    return parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..models import DEFAULT_BENCH_MODELS
+
+    g = p.add_argument_group("what to measure")
+    g.add_argument("--models", type=_csv(str), default=None, metavar="M1,M2",
+                   help="model shapes (default: %s; see --list-models). "
+                        "NAME:E overrides the number of experts instantiated"
+                        % ",".join(DEFAULT_BENCH_MODELS))
+    g.add_argument("--tokens", type=_csv(int), default=None, metavar="N,...",
+                   help="tokens per expert (default: 1,2,4,8,16)")
+    g.add_argument("--dtypes", type=_csv(str), default=None, metavar="D,...",
+                   help="HinaMoE weight/activation dtypes: f32,f16,bf16 (default: all three)")
+    g.add_argument("--threads", type=_csv(int), default=None, metavar="T,...",
+                   help="intra_op_num_threads values (default: 1,2)")
+    g.add_argument("--isa", default="auto",
+                   help="HinaMoE kernel tier: auto, ref, avx2, ... (default: auto)")
+    g.add_argument("--active", type=int, default=0, metavar="A",
+                   help="active experts per step (default: k of the model); "
+                        "tokens per step = n*A/k")
+    g.add_argument("--no-cpu-ep", action="store_true",
+                   help="do not run ONNX Runtime's CPU EP (no speed-up columns)")
+    g.add_argument("--no-hinamoe", action="store_true",
+                   help="only run the CPU EP (e.g. before the EP is built)")
+    g.add_argument("--list-models", action="store_true",
+                   help="print the known model shapes and exit")
+
+    g = p.add_argument_group("how")
+    g.add_argument("--repeats", type=int, default=None,
+                   help="timed repetitions per point, median reported (default 10, quick 5)")
+    g.add_argument("--warmup", type=int, default=None,
+                   help="untimed runs before timing (default: one full rotation, >= 2)")
+    g.add_argument("--min-cache-multiple", type=float, default=4.0, metavar="X",
+                   help="grow the number of experts until the layer is >= X times the "
+                        "L3 cache (default 4)")
+    g.add_argument("--bw-bytes", type=float, default=None, metavar="GIB",
+                   help="bytes streamed per read-bandwidth pass, GiB (default 1, quick 0.25)")
+    g.add_argument("--quick", action="store_true",
+                   help="smoke run: qwen3-30b-a3b only (unless --models), tokens 1,4,16, "
+                        "dtypes f32,bf16, max threads, 5 repeats")
+    g.add_argument("--seed", type=int, default=0, help="seed for weights and inputs")
+    g.add_argument("--workdir", default=None,
+                   help="where model files are written (default: a temp dir, removed)")
+
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default=None, metavar="DIR",
+                   help="write results.json and latency.png (latency vs tokens per expert)")
+    g.add_argument("--no-plot", action="store_true", help="no PNG even with --out")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+# --------------------------------------------------------------------- data
+
+
+@dataclass
+class Point:
+    model: str
+    dtype: str  # f32/f16/bf16 of the model
+    ep: str  # "HinaMoE" or "CPU"
+    threads: int
+    tokens_per_expert: int
+    tokens: int
+    experts: int  # instantiated
+    active_experts: int
+    bytes_touched: int
+    median_ms: float
+    min_ms: float
+    times_ms: list = field(default_factory=list)
+    gbs: float = 0.0
+    pct_bw: float | None = None
+    speedup_vs_cpu_same: float | None = None
+    speedup_vs_cpu_f32: float | None = None
+    max_rel_diff_vs_cpu: float | None = None
+
+
+def _l3_bytes() -> int:
+    try:
+        base = Path("/sys/devices/system/cpu/cpu0/cache")
+        best = 0
+        for idx in base.glob("index*"):
+            level = int((idx / "level").read_text())
+            if level == 3:
+                size = (idx / "size").read_text().strip()
+                mult = {"K": 1024, "M": 2 ** 20}.get(size[-1], 1)
+                best = max(best, int(size.rstrip("KM")) * mult)
+        return best or L3_BYTES_DEFAULT
+    except Exception:
+        return L3_BYTES_DEFAULT
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _resolve_models(names):
+    from ..models import get_shape
+
+    out = []
+    for spec in names:
+        name, _, e = spec.partition(":")
+        shape = get_shape(name)
+        out.append((shape, int(e) if e else 0))
+    return out
+
+
+def _plan_experts(shape, override: int, dtype_itemsize_min: int, l3: int, multiple: float,
+                  active: int) -> int:
+    """Experts to instantiate: override, else the shape's bench default, grown
+    (up to the real E) until the layer is >= multiple x L3 in the smallest dtype,
+    and rounded to a multiple of the active set so rotation stays disjoint."""
+    if override:
+        return override
+    e = shape.default_bench_experts
+    while e < shape.experts and e * shape.expert_bytes(dtype_itemsize_min) < multiple * l3:
+        e *= 2
+    e = min(e, shape.experts)
+    if e % active and e > active:
+        e = max(active, (e // active) * active)
+    return max(e, active)
+
+
+# --------------------------------------------------------------------- timing
+
+
+def _make_session(src: str, ep: str, threads: int, isa: str):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if ep == "HinaMoE":
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        providers = [("HinaMoE", {"isa": isa})]
+    else:
+        providers = ["CPUExecutionProvider"]
+    sess = ort.InferenceSession(src, so, providers=providers)
+    if ep == "HinaMoE" and sess.get_providers()[0] != "HinaMoE":
+        raise RuntimeError(f"HinaMoE not used: {sess.get_providers()}")
+    return sess
+
+
+def _time_point(sess, cfg, plan, xs, repeats: int, warmup: int):
+    """Median/min ms over ``repeats`` runs, rotating the active experts."""
+    from ..models import MoERunner
+
+    runners = []
+    for step in range(plan.period):
+        r = MoERunner(sess, cfg)
+        r.set_inputs(xs[step % len(xs)], plan.logits(step))
+        runners.append(r)
+    for i in range(warmup):
+        runners[i % len(runners)].run()
+    times = []
+    for i in range(repeats):
+        r = runners[i % len(runners)]
+        t0 = time.perf_counter()
+        r.run()
+        times.append((time.perf_counter() - t0) * 1e3)
+    first_out = runners[0]
+    first_out.run()
+    return times, np.array(first_out.output, copy=True)
+
+
+# --------------------------------------------------------------------- main
+
+
+def run(args) -> int:
+    from ..models import (DEFAULT_BENCH_MODELS, MoEConfig, RoutingPlan, build_moe_model,
+                          canon_dtype, list_shapes, model_path, np_dtype, short_dtype)
+
+    if args.list_models:
+        print(f"{'model':<18}{'H':>6}{'I':>7}{'E':>5}{'k':>3}  {'MB/expert f32':>13}  bench E")
+        for s in list_shapes():
+            print(f"{s.name:<18}{s.hidden:>6}{s.inter:>7}{s.experts:>5}{s.k:>3}  "
+                  f"{s.expert_bytes(4) / 1e6:>13.1f}  {s.default_bench_experts}")
+        return 0
+
+    quick = args.quick
+    models = args.models or (["qwen3-30b-a3b"] if quick else list(DEFAULT_BENCH_MODELS))
+    tokens = args.tokens or ([1, 4, 16] if quick else list(DEFAULT_TOKENS))
+    dtypes = [short_dtype(canon_dtype(d)) for d in
+              (args.dtypes or (["f32", "bf16"] if quick else list(DEFAULT_DTYPES)))]
+    cores = os.cpu_count() or 1
+    threads = args.threads or ([min(2, cores)] if quick else
+                               [t for t in DEFAULT_THREADS if t <= cores] or [1])
+    repeats = args.repeats or (5 if quick else 10)
+    bw_bytes = int((args.bw_bytes or (0.25 if quick else 1.0)) * 2 ** 30)
+    run_hina = not args.no_hinamoe
+    run_cpu = not args.no_cpu_ep
+    if not (run_hina or run_cpu):
+        print("nothing to run (--no-hinamoe and --no-cpu-ep)", file=sys.stderr)
+        return 2
+    if any(t < 1 for t in tokens) or any(t < 1 for t in threads):
+        print("tokens and threads must be >= 1", file=sys.stderr)
+        return 2
+
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress bar is optional
+        tqdm = None
+
+    import onnxruntime as ort
+
+    hinamoe = sys.modules.get("hinamoe")
+    tier = None
+    if run_hina:
+        try:
+            import hinamoe  # noqa: F811
+
+            hinamoe.register()
+            tier = hinamoe.best_tier()
+        except Exception as exc:  # noqa: BLE001
+            print(f"hina-bench: the HinaMoE EP is not usable: {exc}\n"
+                  "  (build/install it, or pass --no-hinamoe to time the CPU EP alone)",
+                  file=sys.stderr)
+            return 1
+
+    l3 = _l3_bytes()
+    bw_repeats = 3 if quick else 5
+    bandwidth_runs: dict[int, list[float]] = {t: [] for t in threads}
+    probe_ok = [True]
+
+    def probe_bandwidth() -> None:
+        """Read bandwidth per thread count (the kernel library's AVX2 reader);
+        probed before and after the run, the larger value is used (another
+        process on the machine lowers a probe more than it raises one)."""
+        if not probe_ok[0]:
+            return
+        for t in threads:
+            try:
+                import hinamoe as hm
+
+                bandwidth_runs[t].append(float(hm.measure_read_bandwidth(
+                    threads=t, nbytes=bw_bytes, repeats=bw_repeats)))
+            except Exception as exc:  # noqa: BLE001
+                print(f"note: read-bandwidth probe unavailable ({exc})", file=sys.stderr)
+                probe_ok[0] = False
+                return
+
+    def bandwidth_now() -> dict[int, float | None]:
+        return {t: (max(v) if v else None) for t, v in bandwidth_runs.items()}
+
+    probe_bandwidth()
+    bandwidth = bandwidth_now()
+    print(f"machine: {_cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
+          f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa})")
+    print("read bandwidth (before): " + ", ".join(
+        f"{t} thr {bw:.1f} GB/s" if bw else f"{t} thr n/a" for t, bw in bandwidth.items()))
+
+    # Which (dtype, EP) sessions per model: HinaMoE for --dtypes; CPU EP for f32
+    # (always, as the baseline) and f16 when asked.
+    model_dtypes = []
+    for d in ("f32", "f16", "bf16"):
+        eps = []
+        if run_hina and d in dtypes:
+            eps.append("HinaMoE")
+        if run_cpu and (d == "f32" or (d == "f16" and d in dtypes)):
+            eps.append("CPU")
+        if eps:
+            model_dtypes.append((d, eps))
+
+    specs = _resolve_models(models)
+    min_item = min(np_dtype(canon_dtype(d)).itemsize for d, _ in model_dtypes)
+    total = sum(len(eps) for _, eps in model_dtypes) * len(specs) * len(threads) * len(tokens)
+    bar = None
+    if tqdm is not None and not args.no_progress:
+        bar = tqdm(total=total, unit="pt", desc="hina-bench ffn", dynamic_ncols=True,
+                   file=sys.stderr)
+
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="hina-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    points: list[Point] = []
+    layers = []
+    t_start = time.time()
+    try:
+        for shape, e_override in specs:
+            active = args.active or shape.k
+            if active < shape.k:
+                print(f"--active {active} < k={shape.k} for {shape.name}", file=sys.stderr)
+                return 2
+            experts = _plan_experts(shape, e_override, min_item, l3, args.min_cache_multiple,
+                                    active)
+            for d, eps in model_dtypes:
+                cfg = MoEConfig(hidden=shape.hidden, inter=shape.inter, experts=experts,
+                                k=shape.k, activation="swiglu", swiglu_fusion=1,
+                                dtype=canon_dtype(d))
+                if bar:
+                    bar.set_postfix_str(f"{shape.name} {d}: building {experts} experts")
+                rng = np.random.default_rng([args.seed, experts, shape.hidden])
+                mdir = workdir / f"{shape.name}-{d}"
+                model, _ = build_moe_model(cfg, rng=rng, external_dir=mdir,
+                                           keep_weights=False, name="moe")
+                src = model_path(model)
+                del model
+                layers.append(dict(model=shape.name, dtype=d, experts=experts, active=active,
+                                   hidden=shape.hidden, inter=shape.inter, k=shape.k,
+                                   layer_bytes=cfg.total_weight_bytes(),
+                                   expert_bytes=cfg.expert_weight_bytes(),
+                                   cache_multiple=cfg.total_weight_bytes() / l3))
+                # the same inputs for every EP of this dtype
+                xs_by_n = {}
+                for n in tokens:
+                    t_count = n * active // shape.k
+                    if (n * active) % shape.k:
+                        raise ValueError(f"n={n} x active={active} not a multiple of k")
+                    xr = np.random.default_rng([args.seed, n, 7])
+                    xs_by_n[n] = [
+                        (xr.standard_normal((t_count, shape.hidden)).astype(np.float32)
+                         .astype(np_dtype(cfg.dtype))) for _ in range(2)]
+                ref_out: dict = {}
+                for ep in eps:
+                    for thr in threads:
+                        if bar:
+                            bar.set_postfix_str(f"{shape.name} {d} {ep} {thr}thr: session")
+                        sess = _make_session(src, ep, thr, args.isa)
+                        for n in tokens:
+                            if bar:
+                                bar.set_postfix_str(f"{shape.name} {d} {ep} {thr}thr n={n}")
+                            plan = RoutingPlan(experts, shape.k, n, active,
+                                               dtype=np_dtype(cfg.dtype))
+                            warm = args.warmup if args.warmup is not None else max(2, plan.period)
+                            times, out = _time_point(sess, cfg, plan, xs_by_n[n], repeats, warm)
+                            med = statistics.median(times)
+                            touched = active * cfg.expert_weight_bytes()
+                            pt = Point(model=shape.name, dtype=d, ep=ep, threads=thr,
+                                       tokens_per_expert=n, tokens=plan.num_tokens,
+                                       experts=experts, active_experts=active,
+                                       bytes_touched=touched, median_ms=med,
+                                       min_ms=min(times), times_ms=[round(t, 4) for t in times],
+                                       gbs=touched / (med * 1e-3) / 1e9)
+                            key = (n, thr)
+                            o64 = out.astype(np.float64)
+                            if key in ref_out:
+                                a, b = ref_out[key], o64
+                                pt.max_rel_diff_vs_cpu = float(
+                                    np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+                            else:
+                                ref_out[key] = o64
+                            points.append(pt)
+                            if bar:
+                                bar.update(1)
+                        del sess
+                        gc.collect()
+                shutil.rmtree(mdir, ignore_errors=True)
+    finally:
+        if bar:
+            bar.close()
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    probe_bandwidth()
+    bandwidth = bandwidth_now()
+    for p in points:
+        bw = bandwidth.get(p.threads)
+        p.pct_bw = 100.0 * p.gbs / bw if bw else None
+    _fill_speedups(points)
+    # the max_rel_diff is recorded on the second EP's point; copy to HinaMoE's
+    for p in points:
+        if p.ep == "CPU" and p.max_rel_diff_vs_cpu is not None:
+            for q in points:
+                if (q.ep == "HinaMoE" and q.model == p.model and q.dtype == p.dtype
+                        and q.threads == p.threads and q.tokens_per_expert == p.tokens_per_expert):
+                    q.max_rel_diff_vs_cpu = p.max_rel_diff_vs_cpu
+            p.max_rel_diff_vs_cpu = None
+
+    from .report import print_table, plot_latency
+
+    print("read bandwidth (max of the probes before/after): " + ", ".join(
+        f"{t} thr {bw:.1f} GB/s" if bw else f"{t} thr n/a" for t, bw in bandwidth.items()))
+    print_table(points, bandwidth)
+    elapsed = time.time() - t_start
+    print(f"({len(points)} points in {elapsed:.0f} s)")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = dict(
+            command="hina-bench ffn", argv=sys.argv[1:], time=time.strftime("%Y-%m-%d %H:%M:%S"),
+            cpu=_cpu_name(), cores=cores, l3_bytes=l3, onnxruntime=ort.__version__,
+            hinamoe=getattr(hinamoe, "__version__", None) if hinamoe else None,
+            tier=tier, isa=args.isa, read_bandwidth_gbs={str(k): v for k, v in bandwidth.items()},
+            read_bandwidth_probes_gbs={str(k): v for k, v in bandwidth_runs.items()},
+            bandwidth_probe_bytes=bw_bytes, repeats=repeats, seed=args.seed,
+            layers=layers, elapsed_s=elapsed,
+            notes=["gbs = active experts' weight bytes in the model dtype / median time",
+                   "CPU EP converts f16 weights to f32 at session creation",
+                   "speedup_vs_cpu_same: CPU EP on the same dtype model (f32/f16)",
+                   "speedup_vs_cpu_f32: CPU EP on the f32 model"])
+        res = dict(meta=meta, points=[asdict(p) for p in points])
+        (out / "results.json").write_text(json.dumps(res, indent=1))
+        print(f"wrote {out / 'results.json'}")
+        if not args.no_plot:
+            try:
+                png = plot_latency(points, out / "latency.png", meta)
+                print(f"wrote {png}")
+            except Exception as exc:  # noqa: BLE001 - plotting is optional
+                print(f"plot skipped: {exc}", file=sys.stderr)
+    return 0
+
+
+def _fill_speedups(points: list[Point]) -> None:
+    cpu = {(p.model, p.dtype, p.threads, p.tokens_per_expert): p.median_ms
+           for p in points if p.ep == "CPU"}
+    for p in points:
+        if p.ep != "HinaMoE":
+            continue
+        same = cpu.get((p.model, p.dtype, p.threads, p.tokens_per_expert))
+        f32 = cpu.get((p.model, "f32", p.threads, p.tokens_per_expert))
+        if same:
+            p.speedup_vs_cpu_same = same / p.median_ms
+        if f32:
+            p.speedup_vs_cpu_f32 = f32 / p.median_ms

@@ -1,0 +1,63 @@
+"""hina-bench: the CLI parses, and a tiny ffn run writes results and a plot."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import ep_status
+from hinamoe.bench.cli import build_parser, main
+
+
+def test_help_texts(capsys):
+    with pytest.raises(SystemExit) as ei:
+        main(["--help"])
+    assert ei.value.code == 0
+    assert "ffn" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["ffn", "--help"])
+    out = capsys.readouterr().out
+    for opt in ("--models", "--tokens", "--dtypes", "--threads", "--isa", "--repeats",
+                "--out", "--no-cpu-ep", "--quick"):
+        assert opt in out
+
+
+def test_parser_lists():
+    args = build_parser().parse_args(["ffn", "--tokens", "1,2,4", "--dtypes", "bf16,f32",
+                                      "--threads", "1", "--models", "mixtral-8x7b:2"])
+    assert args.tokens == [1, 2, 4] and args.dtypes == ["bf16", "f32"] and args.threads == [1]
+
+
+def test_list_models(capsys):
+    assert main(["ffn", "--list-models"]) == 0
+    out = capsys.readouterr().out
+    for name in ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3", "gpt-oss-20b"):
+        assert name in out
+
+
+def test_tiny_ffn_run(tmp_path, capsys):
+    """qwen3-30b-a3b shape with 8 experts, 1 token per expert, one repeat."""
+    ep_ok, _ = ep_status()
+    argv = ["ffn", "--models", "qwen3-30b-a3b:8", "--tokens", "1,2", "--dtypes",
+            "bf16,f32" if ep_ok else "f32", "--threads", "1", "--repeats", "2", "--warmup", "1",
+            "--bw-bytes", "0.03", "--no-progress", "--out", str(tmp_path)]
+    if not ep_ok:
+        argv.append("--no-hinamoe")
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    pts = res["points"]
+    assert {p["ep"] for p in pts} == ({"HinaMoE", "CPU"} if ep_ok else {"CPU"})
+    for p in pts:
+        assert p["median_ms"] > 0 and p["gbs"] > 0
+        assert p["tokens"] == p["tokens_per_expert"]  # active = k = 8
+        assert p["bytes_touched"] == 8 * 3 * 2048 * 768 * (2 if p["dtype"] == "bf16" else 4)
+    if ep_ok:
+        hina = [p for p in pts if p["ep"] == "HinaMoE"]
+        assert all(p["speedup_vs_cpu_f32"] for p in hina)
+        assert all(p["pct_bw"] for p in hina)
+        f32 = [p for p in hina if p["dtype"] == "f32"]
+        assert all(p["max_rel_diff_vs_cpu"] is not None and p["max_rel_diff_vs_cpu"] < 1e-3
+                   for p in f32)
+    assert (tmp_path / "latency.png").stat().st_size > 1000
+    assert "qwen3-30b-a3b" in capsys.readouterr().out
