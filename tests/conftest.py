@@ -1,22 +1,17 @@
 """Shared pytest setup for the HinaMoE Python tests.
 
-* Makes ``hinamoe.models`` importable both when the package is installed
-  (``pip install .``) and from a bare checkout (falls back to ``<repo>/models``).
+* Tests run against the installed package (``pip install .``).
 * One random seed per run (``HINAMOE_TEST_SEED`` to replay); it is printed in
   the header and each test's rng is derived from it and the test id.
-* ``ep`` fixture: skips EP tests when the HinaMoE library is not built, unless
-  ``HINAMOE_REQUIRE_EP=1`` (then that is a failure).
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
 import secrets
 import sys
-import types
 import zlib
 from pathlib import Path
 
@@ -28,45 +23,9 @@ REPO_ROOT = TESTS_DIR.parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
-# ------------------------------------------------------------ hinamoe import
-
-_HINAMOE_IMPORT_ERROR: str | None = None
-
-
-def _setup_models_import() -> None:
-    """Make ``import hinamoe.models`` work and remember why the EP package
-    ``hinamoe`` could not be imported, if it could not.
-
-    The checkout's ``models/`` and ``python/hinamoe/bench/`` are preferred
-    (pure Python: edits are tested without a reinstall);
-    ``HINAMOE_TEST_INSTALLED_MODELS=1`` uses the installed copies.
-    """
-    global _HINAMOE_IMPORT_ERROR
-    try:
-        importlib.import_module("hinamoe")
-    except Exception as exc:  # not built / not installed
-        _HINAMOE_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
-        sys.modules.pop("hinamoe", None)
-        stub = types.ModuleType("hinamoe")
-        stub.__path__ = []  # only .models inside
-        stub.__hinamoe_stub__ = True
-        sys.modules["hinamoe"] = stub
-    use_installed = os.environ.get("HINAMOE_TEST_INSTALLED_MODELS") == "1"
-    for sub, local in (("models", REPO_ROOT / "models" / "__init__.py"),
-                       ("bench", REPO_ROOT / "python" / "hinamoe" / "bench" / "__init__.py")):
-        name = f"hinamoe.{sub}"
-        if local.exists() and not use_installed:
-            spec = importlib.util.spec_from_file_location(
-                name, local, submodule_search_locations=[str(local.parent)])
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod
-            spec.loader.exec_module(mod)
-            setattr(sys.modules["hinamoe"], sub, mod)
-        elif sub == "models":
-            importlib.import_module(name)
-
-
-_setup_models_import()
+# The tests run against the installed package (`pip install .`): its EP
+# library, its models and its bench. A missing EP is a failure, never a skip.
+import hinamoe  # noqa: E402  (registers the EP)
 
 # ------------------------------------------------------------ seed
 
@@ -106,74 +65,27 @@ def rng(seed) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-# ------------------------------------------------------------ EP availability
-
-_EP_STATE: dict = {}
-
-
-def ep_status() -> tuple[bool, str]:
-    """(available, reason) for the HinaMoE EP, probed once per run."""
-    if "ok" in _EP_STATE:
-        return _EP_STATE["ok"], _EP_STATE["why"]
-    ok, why = False, ""
-    try:
-        hinamoe = importlib.import_module("hinamoe")
-        if getattr(hinamoe, "__hinamoe_stub__", False):
-            raise ImportError(_HINAMOE_IMPORT_ERROR or "hinamoe is not installed")
-        hinamoe.register()
-        lib = hinamoe.get_library_path()
-        if not os.path.exists(lib):
-            raise FileNotFoundError(lib)
-        import onnxruntime as ort
-        from hinamoe.models import MoEConfig, build_moe_model
-
-        model, _ = build_moe_model(MoEConfig(hidden=16, inter=8, experts=2, k=1,
-                                             activation="relu"), seed=0)
-        sess = ort.InferenceSession(model.SerializeToString(),
-                                    providers=[hinamoe.get_ep_name()])
-        if sess.get_providers()[0] != "HinaMoE":
-            raise RuntimeError(f"session providers are {sess.get_providers()}")
-        ok = True
-    except Exception as exc:  # noqa: BLE001 - report any reason
-        why = f"HinaMoE EP not available: {type(exc).__name__}: {exc}"
-    _EP_STATE.update(ok=ok, why=why)
-    return ok, why
+# ------------------------------------------------------------ EP and tiers
 
 
 def require_ep():
-    ok, why = ep_status()
-    if not ok:
-        if os.environ.get("HINAMOE_REQUIRE_EP") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
-    return importlib.import_module("hinamoe")
+    """The imported ``hinamoe`` package (kept for tests that take it as a fixture)."""
+    return hinamoe
 
 
 @pytest.fixture
 def hinamoe_mod():
-    """The imported ``hinamoe`` package with a working EP (else skip)."""
-    return require_ep()
+    return hinamoe
 
 
 def available_isas() -> list[str]:
-    ok, _ = ep_status()
-    if not ok:
-        return ["ref", "avx2"]  # tests skip anyway
-    hm = importlib.import_module("hinamoe")
-    isas = ["ref"]
-    reason = getattr(hm, "tier_unavailable_reason", None)
-    if reason is not None:
-        if not reason("avx2"):
-            isas.append("avx2")
-    elif hm.best_tier() in ("avx2", "avx512", "amx"):
-        isas.append("avx2")
-    return isas
+    """Kernel tiers this CPU runs (amx-emu always: it is the emulator)."""
+    return [isa for isa in ("ref", "avx2", "amx", "amx-emu") if not hinamoe.tier_unavailable_reason(isa)]
 
 
 def require_isa(isa: str) -> None:
-    require_ep()
     if isa not in available_isas():
-        pytest.skip(f"isa {isa} not available on this CPU")
+        pytest.skip(f"isa {isa} not available on this CPU: {hinamoe.tier_unavailable_reason(isa)}")
 
 
 # ------------------------------------------------------------ sessions

@@ -15,7 +15,7 @@ from moe_cases import (ACT_FUSION_IDS, ACT_FUSIONS, DTYPES, check_ep_against_ref
                        random_config)
 from moe_reference import check_close, reference_for
 
-ISAS = ["ref", "avx2"]
+ISAS = ["ref", "avx2", "amx"]  # amx skips where the CPU lacks it
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -166,3 +166,26 @@ def test_random_configs_long(act_fusion, dtype, isa, rng, seed):
         tokens = [1, int(rng.integers(2, 71)), int(rng.integers(2, 71))]
         check_ep_against_reference(cfg, isa, rng, tokens, threads=int(rng.integers(1, 3)),
                                    what=f"seed {seed} trial {trial}")
+
+
+# Token counts around the AMX micro-kernel's m_r = 32 and its 16-row tiles.
+AMX_TOKENS = [1, 2, 3, 7, 15, 16, 17, 31, 32, 33, 64]
+
+
+@pytest.mark.parametrize("act_fusion", ACT_FUSIONS, ids=ACT_FUSION_IDS)
+def test_amx_emulated_bf16(act_fusion, rng, seed):
+    """The AMX tier's kernel source, run through the software tile emulator
+    inside an ONNX session (isa=amx-emu), against the float64 reference.
+    Experts get crafted token counts so every m_r edge is hit."""
+    act, fusion = act_fusion
+    cfg = random_config(rng, act, fusion, "bfloat16", hidden=int(rng.choice([64, 100, 130])),
+                        inter=int(rng.choice([48, 72, 40])), experts=4, k=1,
+                        weights_as_inputs=False)
+    model, w = build_moe_model(cfg, rng=rng)
+    sess = hina_session(model, isa="amx-emu", threads=2)
+    for step, n in enumerate(rng.choice(AMX_TOKENS, size=4, replace=False)):
+        plan = RoutingPlan(cfg.experts, cfg.k, int(n), 2, dtype=np.dtype(w["fc1"].dtype))
+        lg = plan.logits(step)
+        x = random_input(cfg, plan.num_tokens, rng)
+        check_close(run_moe(sess, x, lg), reference_for(cfg, x, lg, w), cfg.dtype,
+                    f"seed {seed} amx-emu M={n} [{cfg.describe()}]")

@@ -1,6 +1,10 @@
-// Runs every registered test; prints "N passed, M failed" and exits non-zero on failure.
+// Runs every registered test (or those whose name contains argv[1]); prints
+// "N passed, M failed" (counted checks) and exits non-zero on failure. Each
+// test starts with rng() seeded from the run seed and its name; an exception
+// escaping a test is a failure of that test.
 #include <chrono>
 #include <cstdlib>
+#include <exception>
 
 #include "test_util.h"
 
@@ -26,7 +30,14 @@ int main(int argc, char** argv) {
     r.current = name;
     const int f0 = r.failed;
     const auto t0 = std::chrono::steady_clock::now();
-    fn();
+    ht::reseed(ht::seed() ^ ht::name_hash(name));
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      ht::check(false, std::string("uncaught exception: ") + e.what());
+    } catch (...) {
+      ht::check(false, "uncaught exception of unknown type");
+    }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%-28s %s (%.2f s)\n", name, r.failed == f0 ? "ok" : "FAILED", s);
     std::fflush(stdout);

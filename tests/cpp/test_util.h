@@ -1,5 +1,10 @@
-// A tiny self-contained test harness plus helpers shared by the kernel tests:
-// seeded random data, exact f16/bf16 encodings written independently of the
+// The one test harness of hinamoe_kernel_tests (tests/cpp, tests/cpp/amx,
+// tests/cpp/numa) plus helpers shared by the kernel tests: TEST(name)
+// registers a case; ht::check / CHECK / CHECK_MSG / CHECK_THROWS count one
+// result each and print failures; rng() is reseeded before every test from
+// the run seed (HINAMOE_TEST_SEED, printed) and the test's name, so a failure
+// reproduces with the seed, also when run alone (filter argument); seeded
+// random data, exact f16/bf16 encodings written independently of the
 // library, and NaN poisoning.
 #pragma once
 
@@ -9,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -48,6 +54,21 @@ inline bool check(bool ok, const std::string& what) {
   return ok;
 }
 
+// check() with the source location and expression (the CHECK macros).
+inline bool check_at(bool ok, const char* file, int line, const char* expr, const std::string& msg) {
+  if (ok) return check(true, "");
+  const char* base = std::strrchr(file, '/');
+  return check(false, std::string(base ? base + 1 : file) + ":" + std::to_string(line) + ": " + expr +
+                          (msg.empty() ? "" : " -- " + msg));
+}
+
+// Stable 64-bit FNV-1a of a test name (seeds the per-test generator).
+inline uint64_t name_hash(const char* s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; ++s) h = (h ^ uint8_t(*s)) * 1099511628211ull;
+  return h;
+}
+
 template <class... A>
 std::string fmt(const char* f, A... a) {
   char buf[1024];
@@ -61,6 +82,8 @@ inline std::mt19937_64& rng() {
   static std::mt19937_64 g(seed());
   return g;
 }
+// Reseeds rng() (the runner does this before each test).
+inline void reseed(uint64_t s) { rng().seed(s); }
 inline double uniform(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng()); }
 inline int64_t randint(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng()); }
 
@@ -164,3 +187,29 @@ inline void poison(std::vector<uint8_t>& v) { std::memset(v.data(), 0xff, v.size
 inline const char* dtype_str(int d) { return d == 0 ? "f32" : d == 1 ? "f16" : "bf16"; }
 
 }  // namespace ht
+
+// CHECK(cond): one counted result. CHECK_MSG(cond, msg): msg is a stream
+// expression, built only on failure: CHECK_MSG(a == b, "a=" << a << " b=" << b).
+#define CHECK(cond) ::ht::check_at(static_cast<bool>(cond), __FILE__, __LINE__, "CHECK(" #cond ")", std::string())
+#define CHECK_MSG(cond, msg)                                                                  \
+  do {                                                                                        \
+    if (cond) {                                                                               \
+      ::ht::check(true, "");                                                                  \
+    } else {                                                                                  \
+      std::ostringstream ht_os_;                                                              \
+      ht_os_ << msg;                                                                          \
+      ::ht::check_at(false, __FILE__, __LINE__, "CHECK(" #cond ")", ht_os_.str());            \
+    }                                                                                         \
+  } while (0)
+// CHECK_THROWS(stmt, Exception): `stmt` must throw Exception (or a subclass).
+#define CHECK_THROWS(stmt, Exception)                                                         \
+  do {                                                                                        \
+    bool ht_thrown_ = false;                                                                  \
+    try {                                                                                     \
+      stmt;                                                                                   \
+    } catch (const Exception&) {                                                              \
+      ht_thrown_ = true;                                                                      \
+    }                                                                                         \
+    ::ht::check_at(ht_thrown_, __FILE__, __LINE__, "CHECK_THROWS(" #stmt ", " #Exception ")", \
+                   std::string());                                                            \
+  } while (0)

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "test_harness.h"
-#include "tile_emulator.h"
+#include "../test_util.h"
+#include "amx/tile_emulator.h"
 
 using hinamoe::amx::TileConfig;
 using hinamoe::amx::TileEmulator;
@@ -88,7 +88,7 @@ bool reg_equals(const TileEmulator& e, int t, const uint8_t img[16][64]) {
 }  // namespace
 
 TEST(emu_load_store_every_shape) {
-  auto& g = amxtest::rng();
+  auto& g = ht::rng();
   std::vector<uint8_t> mem(16 * 200 + 64);
   for (int rows = 1; rows <= 16; ++rows) {
     for (int colsb = 4; colsb <= 64; colsb += 4) {
@@ -123,7 +123,7 @@ TEST(emu_load_store_every_shape) {
 }
 
 TEST(emu_negative_stride_and_reload_zeroing) {
-  auto& g = amxtest::rng();
+  auto& g = ht::rng();
   TileEmulator e;
   TileConfig c = cfg_with({{0, 16, 64}, {1, 5, 12}});
   e.ldtilecfg(&c);
@@ -142,7 +142,7 @@ TEST(emu_negative_stride_and_reload_zeroing) {
 }
 
 TEST(emu_tdpbf16ps_matches_sdm_model) {
-  auto& g = amxtest::rng();
+  auto& g = ht::rng();
   // Every value of each dimension (others random), the corners, and random shapes.
   std::vector<std::array<int, 3>> shapes;  // rows, k pairs, n
   for (int v = 1; v <= 16; ++v) {
@@ -243,7 +243,7 @@ TEST(emu_invalid_configs_raise) {
   const TileConfig good = cfg_with({{0, 16, 64}, {1, 2, 8}});
   e.ldtilecfg(&good);
   auto bad = [&](TileConfig c) {
-    CHECK_TILE_ERROR(e.ldtilecfg(&c));
+    CHECK_THROWS(e.ldtilecfg(&c), ::hinamoe::amx::TileError);
     CHECK(e.configured() && e.rows(1) == 2 && e.colsb(1) == 8);  // unchanged on error
   };
   TileConfig c = good; c.palette_id = 2; bad(c);
@@ -259,12 +259,12 @@ TEST(emu_invalid_configs_raise) {
     c = good; c.rows[t] = 1; bad(c);
     c = good; c.colsb[t] = 4; bad(c);
   }
-  CHECK_TILE_ERROR(e.ldtilecfg(nullptr));
+  CHECK_THROWS(e.ldtilecfg(nullptr), ::hinamoe::amx::TileError);
   // palette 0 is the init state: everything unconfigured afterwards.
   TileConfig zero = good; zero.palette_id = 0;
   e.ldtilecfg(&zero);
   CHECK(!e.configured());
-  CHECK_TILE_ERROR(e.tilezero(0));
+  CHECK_THROWS(e.tilezero(0), ::hinamoe::amx::TileError);
   // sttilecfg round-trips.
   e.ldtilecfg(&good);
   TileConfig back;
@@ -275,26 +275,26 @@ TEST(emu_invalid_configs_raise) {
 TEST(emu_unconfigured_and_operand_errors_raise) {
   TileEmulator e;
   uint8_t buf[1024] = {};
-  CHECK_TILE_ERROR(e.tilezero(0));  // never configured
-  CHECK_TILE_ERROR(e.tileloadd(0, buf, 64));
-  CHECK_TILE_ERROR(e.tdpbf16ps(0, 1, 2));
+  CHECK_THROWS(e.tilezero(0), ::hinamoe::amx::TileError);  // never configured
+  CHECK_THROWS(e.tileloadd(0, buf, 64), ::hinamoe::amx::TileError);
+  CHECK_THROWS(e.tdpbf16ps(0, 1, 2), ::hinamoe::amx::TileError);
   const TileConfig c = cfg_with({{0, 4, 16}, {1, 4, 8}, {2, 2, 16}, {4, 3, 16}, {5, 2, 12}, {6, 4, 12}});
   e.ldtilecfg(&c);
-  CHECK_TILE_ERROR(e.tilezero(3));  // tile 3 left unconfigured
-  CHECK_TILE_ERROR(e.tileloadd(3, buf, 64));
-  CHECK_TILE_ERROR(e.tileloaddt1(7, buf, 64));
-  CHECK_TILE_ERROR(e.tilestored(3, buf, 64));
-  CHECK_TILE_ERROR(e.tilezero(8));
-  CHECK_TILE_ERROR(e.tilezero(-1));
-  CHECK_TILE_ERROR(e.tileloadd(0, nullptr, 64));
-  CHECK_TILE_ERROR(e.tdpbf16ps(3, 1, 2));  // unconfigured dst
+  CHECK_THROWS(e.tilezero(3), ::hinamoe::amx::TileError);  // tile 3 left unconfigured
+  CHECK_THROWS(e.tileloadd(3, buf, 64), ::hinamoe::amx::TileError);
+  CHECK_THROWS(e.tileloaddt1(7, buf, 64), ::hinamoe::amx::TileError);
+  CHECK_THROWS(e.tilestored(3, buf, 64), ::hinamoe::amx::TileError);
+  CHECK_THROWS(e.tilezero(8), ::hinamoe::amx::TileError);
+  CHECK_THROWS(e.tilezero(-1), ::hinamoe::amx::TileError);
+  CHECK_THROWS(e.tileloadd(0, nullptr, 64), ::hinamoe::amx::TileError);
+  CHECK_THROWS(e.tdpbf16ps(3, 1, 2), ::hinamoe::amx::TileError);  // unconfigured dst
   e.tdpbf16ps(0, 1, 2);                    // valid: 4x16B += 4x8B . 2x16B
-  CHECK_TILE_ERROR(e.tdpbf16ps(0, 0, 2));  // dst == a
-  CHECK_TILE_ERROR(e.tdpbf16ps(0, 1, 0));  // dst == b
-  CHECK_TILE_ERROR(e.tdpbf16ps(0, 2, 2));  // a == b
-  CHECK_TILE_ERROR(e.tdpbf16ps(4, 1, 2));  // dst.rows 3 != a.rows 4
-  CHECK_TILE_ERROR(e.tdpbf16ps(6, 1, 2));  // dst.colsb 12 != b.colsb 16
-  CHECK_TILE_ERROR(e.tdpbf16ps(0, 6, 2));  // a.colsb/4 = 3 != b.rows 2
+  CHECK_THROWS(e.tdpbf16ps(0, 0, 2), ::hinamoe::amx::TileError);  // dst == a
+  CHECK_THROWS(e.tdpbf16ps(0, 1, 0), ::hinamoe::amx::TileError);  // dst == b
+  CHECK_THROWS(e.tdpbf16ps(0, 2, 2), ::hinamoe::amx::TileError);  // a == b
+  CHECK_THROWS(e.tdpbf16ps(4, 1, 2), ::hinamoe::amx::TileError);  // dst.rows 3 != a.rows 4
+  CHECK_THROWS(e.tdpbf16ps(6, 1, 2), ::hinamoe::amx::TileError);  // dst.colsb 12 != b.colsb 16
+  CHECK_THROWS(e.tdpbf16ps(0, 6, 2), ::hinamoe::amx::TileError);  // a.colsb/4 = 3 != b.rows 2
   e.tilerelease();
-  CHECK_TILE_ERROR(e.tdpbf16ps(0, 1, 2));
+  CHECK_THROWS(e.tdpbf16ps(0, 1, 2), ::hinamoe::amx::TileError);
 }

@@ -3,14 +3,14 @@
 #include <cstring>
 #include <vector>
 
-#include "amx_layout.h"
-#include "test_harness.h"
+#include "amx/amx_layout.h"
+#include "../test_util.h"
 
 using namespace hinamoe;
 using namespace hinamoe::amx;
 
 TEST(layout_gather_vnni_all_dtypes) {
-  auto& g = amxtest::rng();
+  auto& g = ht::rng();
   for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
     for (int64_t K : {1, 2, 31, 32, 33, 64, 100}) {
       for (int64_t M : {1, 3, 16, 17, 40}) {
@@ -56,7 +56,7 @@ TEST(layout_vnni_zero_tail) {
 }
 
 TEST(layout_store_vnni_block) {
-  auto& g = amxtest::rng();
+  auto& g = ht::rng();
   for (int it = 0; it < 200; ++it) {
     const int64_t M = 1 + int64_t(g() % 70), K = 1 + int64_t(g() % 90);
     const int64_t rows = 1 + int64_t(g() % std::min<int64_t>(K, 32)), cols = 1 + int64_t(g() % std::min<int64_t>(M, 32));
@@ -77,7 +77,7 @@ TEST(layout_store_vnni_block) {
 }
 
 TEST(layout_store_transposed) {
-  auto& g = amxtest::rng();
+  auto& g = ht::rng();
   for (int it = 0; it < 100; ++it) {
     const int64_t H = 1 + int64_t(g() % 80), M = 1 + int64_t(g() % 50), ldy = H + int64_t(g() % 3);
     const int64_t rows = 1 + int64_t(g() % std::min<int64_t>(H, 32)), cols = 1 + int64_t(g() % std::min<int64_t>(M, 32));

@@ -3,9 +3,9 @@
 #include <string>
 #include <vector>
 
-#include "numa_c_api.h"
-#include "segment_table.h"
-#include "test_harness.h"
+#include "numa/numa_c_api.h"
+#include "numa/segment_table.h"
+#include "../test_util.h"
 
 using namespace hinamoe::numa;
 
@@ -68,8 +68,8 @@ TEST(c_api_matches_table_for_every_dtype) {
     for (int nodes : {1, 2, 4, 8}) {
       const int bits = dtype_bits(name);
       const int64_t esize = bits >= 8 ? bits / 8 : 1;
-      const int64_t rows = numa_test::uniform(1, 100), cols = numa_test::uniform(1, 9000);
-      const int64_t offset = esize * numa_test::uniform(0, 4096 / esize - 1);
+      const int64_t rows = ht::randint(1, 100), cols = ht::randint(1, 9000);
+      const int64_t offset = esize * ht::randint(0, 4096 / esize - 1);
       const Plan p = plan(rows, cols, name, nodes, 4096, offset);
       CHECK_MSG(p.rc == 0, name << ": " << p.error);
       SegmentTable t;

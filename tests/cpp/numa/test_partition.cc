@@ -8,10 +8,10 @@
 #include <thread>
 #include <vector>
 
-#include "numa_partition.h"
-#include "plan_cache.h"
-#include "test_harness.h"
-#include "topology.h"
+#include "numa/numa_partition.h"
+#include "numa/plan_cache.h"
+#include "../test_util.h"
+#include "numa/topology.h"
 
 using namespace hinamoe;
 using namespace hinamoe::numa;
@@ -32,7 +32,7 @@ Weight make_weight(DType dt, int64_t N, int64_t K) {
            std::vector<float>(static_cast<size_t>(N * K))};
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (int64_t i = 0; i < N * K; ++i) {
-    store_from_f32(w.bytes.data(), i, dt, u(numa_test::rng()));
+    store_from_f32(w.bytes.data(), i, dt, u(ht::rng()));
     w.value[static_cast<size_t>(i)] = load_as_f32(w.bytes.data(), i, dt);
   }
   return w;
@@ -42,7 +42,7 @@ std::vector<float> make_x(int64_t M, int64_t ldx) {
   std::vector<float> x(static_cast<size_t>(M * ldx), std::numeric_limits<float>::quiet_NaN());  // padding poisoned
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < ldx; ++k) x[static_cast<size_t>(m * ldx + k)] = u(numa_test::rng());
+    for (int64_t k = 0; k < ldx; ++k) x[static_cast<size_t>(m * ldx + k)] = u(ht::rng());
   return x;
 }
 
@@ -86,16 +86,16 @@ const DType kTypes[] = {DType::F32, DType::F16, DType::BF16};
 
 TEST(local_segment_enumeration_of_row_ranges) {
   for (int i = 0; i < 100; ++i) {
-    const int nodes = 1 << numa_test::uniform(1, 3);
-    const int64_t K = 128 * numa_test::uniform(1, 16), N = numa_test::uniform(1, 50);
+    const int nodes = 1 << ht::randint(1, 3);
+    const int64_t K = 128 * ht::randint(1, 16), N = ht::randint(1, 50);
     SegmentTable t;
-    CHECK(build_interleaved_table(N, K, 16, nodes, 512, 2 * numa_test::uniform(0, 255),
-                                  static_cast<int>(numa_test::uniform(0, nodes - 1)), &t)
+    CHECK(build_interleaved_table(N, K, 16, nodes, 512, 2 * ht::randint(0, 255),
+                                  static_cast<int>(ht::randint(0, nodes - 1)), &t)
               .empty());
     for (int n = 0; n < nodes; ++n) {
       std::vector<Segment> all, part, sub;
       local_segments(t, n, 0, N, &all);
-      const int64_t r0 = numa_test::uniform(0, N), r1 = numa_test::uniform(r0, N);
+      const int64_t r0 = ht::randint(0, N), r1 = ht::randint(r0, N);
       local_segments(t, n, r0, r1, &sub);
       for (const Segment& s : all)
         if (s.row >= r0 && s.row < r1) part.push_back(s);
@@ -109,10 +109,10 @@ TEST(node_partials_read_only_local_elements) {
   // partial must be unchanged (finite and equal), so it never read them.
   for (int nodes : {2, 4, 8})
     for (DType dt : kTypes) {
-      const int64_t N = numa_test::uniform(1, 24), K = 64 * numa_test::uniform(1, 40), M = numa_test::uniform(1, 3);
+      const int64_t N = ht::randint(1, 24), K = 64 * ht::randint(1, 40), M = ht::randint(1, 3);
       const int64_t P = 256, esize = static_cast<int64_t>(dtype_size(dt));
-      const int64_t offset = esize * numa_test::uniform(0, P / esize - 1);
-      const int first = static_cast<int>(numa_test::uniform(0, nodes - 1));
+      const int64_t offset = esize * ht::randint(0, P / esize - 1);
+      const int first = static_cast<int>(ht::randint(0, nodes - 1));
       SegmentTable t;
       CHECK(build_interleaved_table(N, K, int(esize * 8), nodes, P, offset, first, &t).empty());
       const Weight w = make_weight(dt, N, K);
@@ -143,9 +143,9 @@ TEST(partitioned_gemv_fake_topologies_match_f64) {
     if (!topo) continue;
     for (int i = 0; i < 12; ++i)
       for (DType dt : kTypes) {
-        const int64_t K = numa_test::uniform(0, 1) ? 128 * numa_test::uniform(1, 24) : numa_test::uniform(1, 3000);
-        const int64_t N = numa_test::uniform(1, 40), M = numa_test::uniform(1, 4);
-        const int64_t ldx = K + numa_test::uniform(0, 3);
+        const int64_t K = ht::randint(0, 1) ? 128 * ht::randint(1, 24) : ht::randint(1, 3000);
+        const int64_t N = ht::randint(1, 40), M = ht::randint(1, 4);
+        const int64_t ldx = K + ht::randint(0, 3);
         const Weight w = make_weight(dt, N, K);
         const std::vector<float> X = make_x(M, ldx);
         // Three placements: the fake topology's model of the real address
@@ -157,19 +157,19 @@ TEST(partitioned_gemv_fake_topologies_match_f64) {
         if (plan) tables.push_back(*plan);
         const int64_t esize = static_cast<int64_t>(dtype_size(dt));
         SegmentTable il, pm;
-        CHECK(build_interleaved_table(N, K, int(esize * 8), nodes, 512, esize * numa_test::uniform(0, 512 / esize - 1),
-                                      static_cast<int>(numa_test::uniform(0, nodes - 1)), &il)
+        CHECK(build_interleaved_table(N, K, int(esize * 8), nodes, 512, esize * ht::randint(0, 512 / esize - 1),
+                                      static_cast<int>(ht::randint(0, nodes - 1)), &il)
                   .empty());
         tables.push_back(il);
         CHECK(build_page_map_table(N, K, int(esize * 8), nodes, 256, 0,
-                                   PageNodeFn([&](int64_t) { return int(numa_test::uniform(-1, nodes - 1)); }), &pm)
+                                   PageNodeFn([&](int64_t) { return int(ht::randint(-1, nodes - 1)); }), &pm)
                   .empty());
         tables.push_back(pm);
         for (size_t ti = 0; ti < tables.size(); ++ti) {
           const SegmentTable& t = tables[ti];
           CHECK(t.nodes == nodes);
-          const int64_t n0 = numa_test::uniform(0, N - 1), n1 = numa_test::uniform(n0 + 1, N);
-          const int64_t ldy = (n1 - n0) + numa_test::uniform(0, 2);
+          const int64_t n0 = ht::randint(0, N - 1), n1 = ht::randint(n0 + 1, N);
+          const int64_t ldy = (n1 - n0) + ht::randint(0, 2);
           std::vector<float> Y(static_cast<size_t>(M * ldy), -7.0f);
           std::vector<float> scratch(partitioned_scratch_floats(t, M, n0, n1));
           CHECK(scratch.size() == static_cast<size_t>(nodes * M * (n1 - n0)));

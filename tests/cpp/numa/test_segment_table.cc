@@ -4,9 +4,9 @@
 #include <numeric>
 #include <vector>
 
-#include "numa_partition.h"
-#include "segment_table.h"
-#include "test_harness.h"
+#include "numa/numa_partition.h"
+#include "numa/segment_table.h"
+#include "../test_util.h"
 
 using namespace hinamoe::numa;
 
@@ -48,7 +48,7 @@ bool verify_table(const SegmentTable& t, const Case& c, NodeOfPage node_of_page)
   bool ok = true;
   auto expect = [&](bool cond, const std::string& what) {
     if (!cond && ok) {
-      numa_test::fail(__FILE__, __LINE__, what.c_str(), d);
+      ht::check_at(false, __FILE__, __LINE__, what.c_str(), d);
       ok = false;
     }
   };
@@ -97,19 +97,19 @@ Case random_case(int64_t max_elems) {
   static const int kNodes[] = {1, 2, 2, 3, 4, 4, 8, 8};
   static const int64_t kPages[] = {16, 64, 128, 256, 512, 1024, 4096};
   Case c{};
-  c.bits = kBits[numa_test::uniform(0, 4)];
-  c.nodes = kNodes[numa_test::uniform(0, 7)];
-  c.P = kPages[numa_test::uniform(0, 6)];
+  c.bits = kBits[ht::randint(0, 4)];
+  c.nodes = kNodes[ht::randint(0, 7)];
+  c.P = kPages[ht::randint(0, 6)];
   const int64_t esize = c.bits >= 8 ? c.bits / 8 : 1;
   if (c.P % esize != 0) c.P *= esize;
-  switch (numa_test::uniform(0, 2)) {
-    case 0: c.K = 128 * numa_test::uniform(1, 24); break;  // model-like
-    case 1: c.K = numa_test::uniform(1, 40); break;        // tiny rows, many per page
-    default: c.K = numa_test::uniform(1, 5000); break;     // anything, odd included
+  switch (ht::randint(0, 2)) {
+    case 0: c.K = 128 * ht::randint(1, 24); break;  // model-like
+    case 1: c.K = ht::randint(1, 40); break;        // tiny rows, many per page
+    default: c.K = ht::randint(1, 5000); break;     // anything, odd included
   }
-  c.N = std::max<int64_t>(1, std::min<int64_t>(numa_test::uniform(1, 64), max_elems / c.K));
-  c.offset = numa_test::uniform(0, 3) == 0 ? 0 : numa_test::uniform(0, c.P / esize - 1) * esize;
-  c.first = static_cast<int>(numa_test::uniform(0, c.nodes - 1));
+  c.N = std::max<int64_t>(1, std::min<int64_t>(ht::randint(1, 64), max_elems / c.K));
+  c.offset = ht::randint(0, 3) == 0 ? 0 : ht::randint(0, c.P / esize - 1) * esize;
+  c.first = static_cast<int>(ht::randint(0, c.nodes - 1));
   return c;
 }
 
@@ -208,15 +208,15 @@ TEST(page_map_tables_vs_brute_force) {
     const int64_t pages = pages_spanned(c.N, c.K, c.bits, c.P, c.offset);
     CHECK(pages == brute_page(c.N - 1, c.K - 1, c.K, c.bits, c.P, c.offset) + 1);
     std::vector<int> map(static_cast<size_t>(pages));
-    const int kind = static_cast<int>(numa_test::uniform(0, 3));
-    const int64_t block = numa_test::uniform(1, 9);
+    const int kind = static_cast<int>(ht::randint(0, 3));
+    const int64_t block = ht::randint(1, 9);
     for (int64_t p = 0; p < pages; ++p) {
       int& m = map[static_cast<size_t>(p)];
       switch (kind) {
-        case 0: m = static_cast<int>(numa_test::uniform(0, c.nodes - 1)); break;        // anything
+        case 0: m = static_cast<int>(ht::randint(0, c.nodes - 1)); break;        // anything
         case 1: m = static_cast<int>((p / block) % c.nodes); break;                      // bound chunks
         case 2: m = 0; break;                                                            // first touch on node 0
-        default: m = numa_test::uniform(0, 4) == 0 ? -1 : static_cast<int>(numa_test::uniform(0, c.nodes)); break;
+        default: m = ht::randint(0, 4) == 0 ? -1 : static_cast<int>(ht::randint(0, c.nodes)); break;
       }
     }
     // Unknown (-1) and out-of-range pages go round-robin.

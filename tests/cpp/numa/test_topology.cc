@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "page_query.h"
-#include "test_harness.h"
-#include "topology.h"
+#include "numa/page_query.h"
+#include "../test_util.h"
+#include "numa/topology.h"
 
 using namespace hinamoe::numa;
 
@@ -202,7 +202,7 @@ TEST(page_node_on_real_memory) {
 TEST(is_interleaved_fake_maps) {
   for (int nodes : {1, 2, 4, 8}) {
     for (int64_t pages : {int64_t(1), int64_t(3), int64_t(17), int64_t(1000), int64_t(100000)}) {
-      const int first = static_cast<int>(numa_test::uniform(0, nodes - 1));
+      const int first = static_cast<int>(ht::randint(0, nodes - 1));
       FakePageMap map{nodes, first};
       int got = -1;
       CHECK_MSG(is_interleaved(map, pages, nodes, &got) && got == first,
