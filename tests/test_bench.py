@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from conftest import ep_status
 from hinamoe.bench.cli import build_parser, main
 
 
@@ -38,26 +37,22 @@ def test_list_models(capsys):
 
 def test_tiny_ffn_run(tmp_path, capsys):
     """qwen3-30b-a3b shape with 8 experts, 1 token per expert, one repeat."""
-    ep_ok, _ = ep_status()
-    argv = ["ffn", "--models", "qwen3-30b-a3b:8", "--tokens", "1,2", "--dtypes",
-            "bf16,f32" if ep_ok else "f32", "--threads", "1", "--repeats", "2", "--warmup", "1",
+    argv = ["ffn", "--models", "qwen3-30b-a3b:8", "--tokens", "1,2", "--dtypes", "bf16,f32",
+            "--threads", "1", "--repeats", "2", "--warmup", "1",
             "--bw-bytes", "0.03", "--no-progress", "--out", str(tmp_path)]
-    if not ep_ok:
-        argv.append("--no-hinamoe")
     assert main(argv) == 0
     res = json.loads((tmp_path / "results.json").read_text())
     pts = res["points"]
-    assert {p["ep"] for p in pts} == ({"HinaMoE", "CPU"} if ep_ok else {"CPU"})
+    assert {p["ep"] for p in pts} == {"HinaMoE", "CPU"}
     for p in pts:
         assert p["median_ms"] > 0 and p["gbs"] > 0
         assert p["tokens"] == p["tokens_per_expert"]  # active = k = 8
         assert p["bytes_touched"] == 8 * 3 * 2048 * 768 * (2 if p["dtype"] == "bf16" else 4)
-    if ep_ok:
-        hina = [p for p in pts if p["ep"] == "HinaMoE"]
-        assert all(p["speedup_vs_cpu_f32"] for p in hina)
-        assert all(p["pct_bw"] for p in hina)
-        f32 = [p for p in hina if p["dtype"] == "f32"]
-        assert all(p["max_rel_diff_vs_cpu"] is not None and p["max_rel_diff_vs_cpu"] < 1e-3
+    hina = [p for p in pts if p["ep"] == "HinaMoE"]
+    assert all(p["speedup_vs_cpu_f32"] for p in hina)
+    assert all(p["pct_bw"] for p in hina)
+    f32 = [p for p in hina if p["dtype"] == "f32"]
+    assert all(p["max_rel_diff_vs_cpu"] is not None and p["max_rel_diff_vs_cpu"] < 1e-3
                    for p in f32)
     assert (tmp_path / "latency.png").stat().st_size > 1000
     assert "qwen3-30b-a3b" in capsys.readouterr().out
