@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "bandwidth.h"
 #include "moe_ffn.h"
+#include "numa/topology.h"
 #include "thread_pool.h"
 
 using namespace hinamoe;
@@ -32,6 +35,27 @@ ThreadPool* pool_for(int threads) {
     pool.reset(new ThreadPool(threads));
   }
   return pool.get();
+}
+
+// The topology of a C-ABI name: nullptr for one node ("off", "", NULL),
+// else built once per name and kept for the process (plans are cached per
+// topology object). *ok = false on an unknown name (reason in *why).
+const numa::Topology* topology_for(const char* name, bool* ok, std::string* why) {
+  *ok = true;
+  const std::string n = name ? name : "";
+  if (n.empty() || n == "off") return nullptr;
+  static std::mutex mu;
+  static auto* topos = new std::map<std::string, std::unique_ptr<numa::Topology>>();  // never destroyed
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = topos->find(n);
+  if (it != topos->end()) return it->second.get();
+  std::unique_ptr<numa::Topology> t = numa::select_topology(n, why);
+  if (!t) {
+    *ok = false;
+    *why = "unknown NUMA topology '" + n + "' (expected off, " + numa::topology_names() + ")";
+    return nullptr;
+  }
+  return topos->emplace(n, std::move(t)).first->second.get();
 }
 
 }  // namespace
@@ -65,6 +89,34 @@ int hinamoe_moe_ffn(int64_t tokens, int64_t hidden, int64_t inter, int64_t exper
                     const void* fc1_w, const void* fc1_b, const void* fc2_w, const void* fc2_b,
                     const void* fc3_w, const void* fc3_b, void* output, const char* tier, int threads,
                     char* err, size_t err_len) {
+  return hinamoe_moe_ffn_ex(tokens, hidden, inter, experts, k, activation, gate_layout, normalize_routing_weights,
+                            alpha, beta, limit, limit_after_activation, dtype, input, router, fc1_w, fc1_b, fc2_w,
+                            fc2_b, fc3_w, fc3_b, output, tier, threads, nullptr, 0, err, err_len);
+}
+
+int hinamoe_numa_nodes(const char* numa, char* err, size_t err_len) {
+  try {
+    bool ok = true;
+    std::string why;
+    const numa::Topology* topo = topology_for(numa, &ok, &why);
+    if (!ok) {
+      set_err(err, err_len, why);
+      return -1;
+    }
+    set_err(err, err_len, "");
+    return topo ? topo->num_nodes() : 1;
+  } catch (const std::exception& e) {
+    set_err(err, err_len, std::string("hinamoe_numa_nodes failed: ") + e.what());
+    return -1;
+  }
+}
+
+int hinamoe_moe_ffn_ex(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts, int64_t k, int activation,
+                       int gate_layout, int normalize_routing_weights, float alpha, float beta, float limit,
+                       int limit_after_activation, int dtype, const void* input, const void* router,
+                       const void* fc1_w, const void* fc1_b, const void* fc2_w, const void* fc2_b,
+                       const void* fc3_w, const void* fc3_b, void* output, const char* tier, int threads,
+                       const char* numa, int64_t numa_page_size, char* err, size_t err_len) {
   try {
     if (dtype < 0 || dtype >= kNumDTypes) {
       set_err(err, err_len, "unknown dtype " + std::to_string(dtype) + " (0 float32, 1 float16, 2 bfloat16)");
@@ -101,8 +153,16 @@ int hinamoe_moe_ffn(int64_t tokens, int64_t hidden, int64_t inter, int64_t exper
       set_err(err, err_len, msg);
       return 2;
     }
+    bool topo_ok = true;
+    MoEOptions opt;
+    opt.topology = topology_for(numa, &topo_ok, &msg);
+    if (!topo_ok) {
+      set_err(err, err_len, msg);
+      return 2;
+    }
+    opt.page_size = numa_page_size;
     const Parallel par = threads > 1 ? pool_for(threads)->parallel() : serial();
-    msg = moe_ffn(shape, attrs, t, *kt, par);
+    msg = moe_ffn(shape, attrs, t, *kt, par, opt);
     if (!msg.empty()) {
       set_err(err, err_len, msg);
       return 3;

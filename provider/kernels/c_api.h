@@ -45,6 +45,26 @@ HINAMOE_API int hinamoe_moe_ffn(int64_t tokens, int64_t hidden, int64_t inter, i
                                 const void* fc2_w, const void* fc2_b, const void* fc3_w, const void* fc3_b,
                                 void* output, const char* tier, int threads, char* err, size_t err_len);
 
+/* hinamoe_moe_ffn with NUMA-partitioned execution (moe_ffn.h MoEOptions):
+ * numa: NULL, "" or "off" = one node (exactly hinamoe_moe_ffn); "auto" or
+ * "sysfs" = this machine's nodes (one node on a single-socket machine: the
+ * plain path); "fake:2", "fake:4", "fake:8" = a simulated topology (pages
+ * modelled as interleaved). Topologies are built once per name and kept for
+ * the process. numa_page_size: page size the plans model, 0 = the system's
+ * (simulation only; a positive multiple of 4 otherwise). Unknown names
+ * return 2 with the accepted names in err. */
+HINAMOE_API int hinamoe_moe_ffn_ex(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts, int64_t k,
+                                   int activation, int gate_layout, int normalize_routing_weights, float alpha,
+                                   float beta, float limit, int limit_after_activation, int dtype,
+                                   const void* input, const void* router, const void* fc1_w, const void* fc1_b,
+                                   const void* fc2_w, const void* fc2_b, const void* fc3_w, const void* fc3_b,
+                                   void* output, const char* tier, int threads, const char* numa,
+                                   int64_t numa_page_size, char* err, size_t err_len);
+
+/* Number of NUMA nodes of topology `numa` (names as in hinamoe_moe_ffn_ex;
+ * "off" -> 1); -1 on an unknown name, with the reason in err. */
+HINAMOE_API int hinamoe_numa_nodes(const char* numa, char* err, size_t err_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -132,9 +132,10 @@ HINAMOE_AVX2_FN void rows_loop(const typename Elem<DT>::T* W, int64_t kc, int64_
   }
 }
 
+// Rows ldw elements apart, K columns each (ldw == K: gemm_rows).
 template <DType DT>
-HINAMOE_AVX2_FN void gemm_rows_avx2(const void* Wv, int64_t K, int64_t n0, int64_t n1, const float* X,
-                                    int64_t ldx, int64_t M, float* Y, int64_t ldy) {
+HINAMOE_AVX2_INLINE void gemm_rows_impl(const void* Wv, int64_t ldw, int64_t K, int64_t n0, int64_t n1,
+                                        const float* X, int64_t ldx, int64_t M, float* Y, int64_t ldy) {
   using E = typename Elem<DT>::T;
   const E* W = static_cast<const E*>(Wv);
   if (n1 <= n0 || M <= 0) return;
@@ -163,15 +164,27 @@ HINAMOE_AVX2_FN void gemm_rows_avx2(const void* Wv, int64_t K, int64_t n0, int64
         float* y = Y + m * ldy;
         const E* w = W + k0;
         switch (T) {
-          case 1: rows_loop<DT, 1>(w, kc, K, nb, nbe, n0, x, ldx, y, ldy, acc); break;
-          case 2: rows_loop<DT, 2>(w, kc, K, nb, nbe, n0, x, ldx, y, ldy, acc); break;
-          case 3: rows_loop<DT, 3>(w, kc, K, nb, nbe, n0, x, ldx, y, ldy, acc); break;
-          default: rows_loop<DT, 4>(w, kc, K, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+          case 1: rows_loop<DT, 1>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+          case 2: rows_loop<DT, 2>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+          case 3: rows_loop<DT, 3>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+          default: rows_loop<DT, 4>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
         }
         m += T;
       }
     }
   }
+}
+
+template <DType DT>
+HINAMOE_AVX2_FN void gemm_rows_avx2(const void* W, int64_t K, int64_t n0, int64_t n1, const float* X,
+                                    int64_t ldx, int64_t M, float* Y, int64_t ldy) {
+  gemm_rows_impl<DT>(W, K, K, n0, n1, X, ldx, M, Y, ldy);
+}
+
+template <DType DT>
+HINAMOE_AVX2_FN void gemm_rows_strided_avx2(const void* W, int64_t ldw, int64_t K, int64_t n0, int64_t n1,
+                                            const float* X, int64_t ldx, int64_t M, float* Y, int64_t ldy) {
+  gemm_rows_impl<DT>(W, ldw, K, n0, n1, X, ldx, M, Y, ldy);
 }
 
 }  // namespace
@@ -183,6 +196,9 @@ const KernelTier& avx2_tier() {
     t.gemm_rows[int(DType::F32)] = gemm_rows_avx2<DType::F32>;
     t.gemm_rows[int(DType::F16)] = gemm_rows_avx2<DType::F16>;
     t.gemm_rows[int(DType::BF16)] = gemm_rows_avx2<DType::BF16>;
+    t.gemm_rows_strided[int(DType::F32)] = gemm_rows_strided_avx2<DType::F32>;
+    t.gemm_rows_strided[int(DType::F16)] = gemm_rows_strided_avx2<DType::F16>;
+    t.gemm_rows_strided[int(DType::BF16)] = gemm_rows_strided_avx2<DType::BF16>;
     return t;
   }();
   return tier;

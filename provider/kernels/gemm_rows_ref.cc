@@ -6,15 +6,21 @@ namespace hinamoe {
 namespace {
 
 template <DType DT>
-void gemm_rows_ref(const void* W, int64_t K, int64_t n0, int64_t n1, const float* X, int64_t ldx,
-                   int64_t M, float* Y, int64_t ldy) {
+void gemm_rows_strided_ref(const void* W, int64_t ldw, int64_t K, int64_t n0, int64_t n1, const float* X,
+                           int64_t ldx, int64_t M, float* Y, int64_t ldy) {
   for (int64_t n = n0; n < n1; ++n) {
     for (int64_t m = 0; m < M; ++m) {
       float acc = 0.0f;
-      for (int64_t k = 0; k < K; ++k) acc += load_as_f32(W, n * K + k, DT) * X[m * ldx + k];
+      for (int64_t k = 0; k < K; ++k) acc += load_as_f32(W, n * ldw + k, DT) * X[m * ldx + k];
       Y[m * ldy + (n - n0)] = acc;
     }
   }
+}
+
+template <DType DT>
+void gemm_rows_ref(const void* W, int64_t K, int64_t n0, int64_t n1, const float* X, int64_t ldx,
+                   int64_t M, float* Y, int64_t ldy) {
+  gemm_rows_strided_ref<DT>(W, K, K, n0, n1, X, ldx, M, Y, ldy);
 }
 
 }  // namespace
@@ -26,6 +32,9 @@ const KernelTier& ref_tier() {
     t.gemm_rows[int(DType::F32)] = gemm_rows_ref<DType::F32>;
     t.gemm_rows[int(DType::F16)] = gemm_rows_ref<DType::F16>;
     t.gemm_rows[int(DType::BF16)] = gemm_rows_ref<DType::BF16>;
+    t.gemm_rows_strided[int(DType::F32)] = gemm_rows_strided_ref<DType::F32>;
+    t.gemm_rows_strided[int(DType::F16)] = gemm_rows_strided_ref<DType::F16>;
+    t.gemm_rows_strided[int(DType::BF16)] = gemm_rows_strided_ref<DType::BF16>;
     return t;
   }();
   return tier;

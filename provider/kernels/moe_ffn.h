@@ -14,6 +14,11 @@
 
 namespace hinamoe {
 
+namespace numa {
+class Topology;
+class PlanCache;
+}  // namespace numa
+
 enum class Activation : int {
   Relu = 0,
   Gelu = 1,      // tanh approximation, as ORT's CPU MoE
@@ -70,10 +75,43 @@ inline bool is_gated(Activation a) { return a == Activation::SwiGLU || a == Acti
 // fc3 presence). Returns an empty string when valid, else the reason.
 std::string validate_moe(const MoEShape& shape, const MoEAttrs& attrs, const MoETensors& t);
 
+// Counters of one moe_ffn call (for tests and benchmarks).
+struct MoEStats {
+  int64_t partitioned_phases = 0;  // node-partitioned GEMM phases run (0 on the one-node path)
+  int64_t partition_items = 0;     // (node, expert, row block) items computed
+  int64_t stolen_items = 0;        // of those, items of a node other than the worker's own
+};
+
+// How moe_ffn runs beyond the math: NUMA partitioning (DESIGN.md §4, paper §5).
+struct MoEOptions {
+  // The NUMA topology (numa/topology.h, e.g. from numa::select_topology):
+  // null or one node = the plain path (one branch, nothing else). With more
+  // nodes, every row-streaming weight GEMM (every dtype of ref/avx2, and the
+  // f32/f16 weights of the AMX tiers) is split by node: a worker computes,
+  // preferably for the node it runs on (topology->current_node()), partial
+  // sums over that node's local segments of each expert weight; the partials
+  // are added in node order before bias/activation. The AMX bf16 block path
+  // is not partitioned. The topology must outlive the call.
+  const numa::Topology* topology = nullptr;
+  // Where segment tables are cached (one per expert weight, keyed by
+  // topology, address and shape; see numa/plan_cache.h). Null = a
+  // process-wide cache. An owner of weights that frees or moves them should
+  // pass its own cache and clear() it then (stale entries cost locality,
+  // never correctness: every table covers each weight element exactly once).
+  numa::PlanCache* plans = nullptr;
+  // Page size the plans model; 0 = the system's. (Simulation: small pages
+  // give small test weights many segments.) A positive multiple of 4.
+  int64_t page_size = 0;
+  // When non-null, receives the counters of this call (overwritten).
+  MoEStats* stats = nullptr;
+};
+
 // Runs the block. Returns an empty string on success, else a message naming
 // the problem (e.g. NaN in router logits at a given token). `tier` selects
 // the micro-kernels; `par` splits work over the caller's threads.
 std::string moe_ffn(const MoEShape& shape, const MoEAttrs& attrs, const MoETensors& t,
                     const KernelTier& tier, const Parallel& par);
+std::string moe_ffn(const MoEShape& shape, const MoEAttrs& attrs, const MoETensors& t,
+                    const KernelTier& tier, const Parallel& par, const MoEOptions& options);
 
 }  // namespace hinamoe

@@ -18,6 +18,14 @@ namespace hinamoe {
 using GemmRowsFn = void (*)(const void* W, int64_t K, int64_t n0, int64_t n1,
                             const float* X, int64_t ldx, int64_t M, float* Y, int64_t ldy);
 
+// The same over a K slice of rows `ldw` elements apart:
+//   Y[m*ldy + (n - n0)] = sum_{k<K} W[n*ldw + k] * X[m*ldx + k]
+// (gemm_rows is this with ldw == K). The NUMA-partitioned driver calls it on
+// a node's local segments: W and X already point at the segment's first
+// column, K is its length, ldw the distance between rows that share it.
+using GemmRowsStridedFn = void (*)(const void* W, int64_t ldw, int64_t K, int64_t n0, int64_t n1,
+                                   const float* X, int64_t ldx, int64_t M, float* Y, int64_t ldy);
+
 struct MoEAttrs;
 
 // Token-transforming expert kernels (the AMX tiers, paper §4): weights stay
@@ -40,6 +48,7 @@ struct ExpertBlockKernels {
 struct KernelTier {
   const char* name = "";
   GemmRowsFn gemm_rows[kNumDTypes] = {};  // indexed by DType
+  GemmRowsStridedFn gemm_rows_strided[kNumDTypes] = {};  // same math, any row stride
   // When set, bf16 weights go through these instead of gemm_rows.
   const ExpertBlockKernels* bf16_blocks = nullptr;
 };

@@ -1,9 +1,11 @@
 """ctypes bindings to libhinamoe_kernels.so, the operator library's C ABI
-(usable without ONNX Runtime: CPU tier detection, a read-bandwidth probe)."""
+(usable without ONNX Runtime: CPU tier detection, a read-bandwidth probe,
+the NUMA segment planner)."""
 from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -37,3 +39,50 @@ def measure_read_bandwidth(threads: int = 2, nbytes: int = 1 << 30, repeats: int
     if not gbs > 0:
         raise RuntimeError("read-bandwidth probe failed")
     return float(gbs)
+
+
+@dataclass(frozen=True)
+class NumaPlan:
+    """Which elements of a weight [rows, cols] each NUMA node holds under page
+    interleaving, over one row period (the pattern repeats every
+    `period_rows` rows). `segments[n]` lists node n's (row, k_start, k_end)
+    half-open element ranges for rows 0..period_rows-1."""
+
+    rows: int
+    cols: int
+    dtype: str
+    nodes: int
+    page_size: int
+    offset: int
+    period_rows: int
+    segments: list[list[tuple[int, int, int]]]
+
+
+def numa_plan(rows: int, cols: int, dtype: str, nodes: int, page_size: int = 4096,
+              offset: int = 0) -> NumaPlan:
+    """The segment table HinaMoE partitions a weight by (paper §5).
+
+    dtype: "f32", "f16", "bf16", "int8" or "int4"; offset: bytes from the start
+    of the buffer's first page (assumed on node 0) to the weight."""
+    f = _lib().hinamoe_numa_plan
+    f.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int, ctypes.c_int64,
+                  ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64),
+                  ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_char_p, ctypes.c_size_t]
+    f.restype = ctypes.c_int
+    if not 1 <= nodes <= 1024:
+        raise ValueError(f"nodes={nodes} must be in [1, 1024]")
+    period = ctypes.c_int64()
+    counts = (ctypes.c_int64 * nodes)()
+    err = ctypes.create_string_buffer(512)
+    args = (rows, cols, dtype.encode(), nodes, page_size, offset, ctypes.byref(period), counts)
+    if f(*args, None, 0, err, len(err)) != 0:
+        raise ValueError(err.value.decode())
+    total = sum(counts)
+    segs = (ctypes.c_int64 * (3 * max(total, 1)))()
+    if f(*args, segs, total, err, len(err)) != 0:
+        raise ValueError(err.value.decode())
+    out, i = [], 0
+    for n in range(nodes):
+        out.append([(segs[3 * j], segs[3 * j + 1], segs[3 * j + 2]) for j in range(i, i + counts[n])])
+        i += counts[n]
+    return NumaPlan(rows, cols, dtype, nodes, page_size, offset, period.value, out)

@@ -2,17 +2,24 @@
 //
 //   hinamoe_kernel_bench [--shape qwen3|dsv3|both] [--dtype f32|f16|bf16|all]
 //                        [--m 1,2,4,8,16] [--threads 2] [--tier auto] [--kernel]
+//                        [--numa-sim 0,1,2,4,8]
 //
 // Default mode runs moe_ffn with E experts all hit by every token (k = E = 8),
 // so each expert sees exactly M tokens, and reports weight bytes touched per
 // second and the share of the measured read bandwidth. --kernel times
 // gemm_rows alone on one [N, K] matrix split over the threads.
+// --numa-sim runs moe_ffn once per listed topology, interleaved per M:
+// 0 = no topology (MoEOptions default), 1 = this machine's sysfs topology
+// (one node here: the one-branch path), 2/4/8 = fake:N (the partitioned path
+// with pages modelled as interleaved; on one real node it shows the cost of
+// the partitioning, not any NUMA gain).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +28,8 @@
 
 #include "bandwidth.h"
 #include "moe_ffn.h"
+#include "numa/plan_cache.h"
+#include "numa/topology.h"
 #include "thread_pool.h"
 
 using namespace hinamoe;
@@ -113,7 +122,7 @@ void bench_incache(const KernelTier& tier, const std::vector<DType>& dts, const 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shape_arg = "qwen3", dtype_arg = "all", m_arg = "1,2,4,8,16", tier_arg = "auto";
+  std::string shape_arg = "qwen3", dtype_arg = "all", m_arg = "1,2,4,8,16", tier_arg = "auto", numa_arg = "0";
   int threads = 2;
   bool kernel_only = false, incache = false;
   double probe_gbs = 0;
@@ -126,6 +135,7 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--tier") tier_arg = next();
     else if (a == "--kernel") kernel_only = true;
+    else if (a == "--numa-sim") numa_arg = next();
     else if (a == "--incache") incache = true;
     else if (a == "--probe") probe_gbs = std::atof(next().c_str());
     else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
@@ -151,6 +161,15 @@ int main(int argc, char** argv) {
   if (shape_arg == "qwen3" || shape_arg == "both") shapes.push_back({"qwen3-30b-a3b", 2048, 768});
   if (shape_arg == "dsv3" || shape_arg == "both") shapes.push_back({"deepseek-v3", 7168, 2048});
 
+  // Topologies of --numa-sim (null = none).
+  std::vector<std::unique_ptr<numa::Topology>> topos;
+  for (auto& n : split(numa_arg)) {
+    if (n == "0") { topos.push_back(nullptr); continue; }
+    auto t = numa::select_topology(n == "1" ? "sysfs" : "fake:" + n, &err);
+    if (!t) { std::fprintf(stderr, "--numa-sim %s: %s\n", n.c_str(), err.c_str()); return 2; }
+    topos.push_back(std::move(t));
+  }
+  numa::PlanCache plans;
   ThreadPool pool(threads);
   const Parallel par = pool.parallel();
   std::printf("%-14s %-5s %4s %10s %9s %7s %12s\n", "shape", "dtype", "M", "ms/call", "GB/s", "%probe", "GFLOP/s");
@@ -196,14 +215,21 @@ int main(int argc, char** argv) {
         t.input = x.data(); t.router = lg.data();
         t.fc1_w = w1.data(); t.fc2_w = w2.data(); t.fc3_w = w3.data();
         t.output = out.data();
-        std::string e;
-        const double sec = time_it([&] { e = moe_ffn(s, a, t, *tier, par); });
-        if (!e.empty()) { std::fprintf(stderr, "error: %s\n", e.c_str()); return 1; }
-        const double gbs = wbytes / sec / 1e9;
-        const double gflops = 2.0 * 3.0 * double(E * H * I * M) / sec / 1e9;
-        std::printf("%-14s %-5s %4lld %10.3f %9.2f %6.1f%% %12.1f\n", sh.name, dtype_name(dt), (long long)M, sec * 1e3,
-                    gbs, 100 * gbs / probe_gbs, gflops);
-        std::fflush(stdout);
+        for (const auto& topo : topos) {
+          std::string e;
+          MoEOptions opt;
+          opt.topology = topo.get();
+          opt.plans = &plans;
+          const double sec = time_it([&] { e = moe_ffn(s, a, t, *tier, par, opt); });
+          if (!e.empty()) { std::fprintf(stderr, "error: %s\n", e.c_str()); return 1; }
+          const double gbs = wbytes / sec / 1e9;
+          const double gflops = 2.0 * 3.0 * double(E * H * I * M) / sec / 1e9;
+          std::printf("%-14s %-5s %4lld %10.3f %9.2f %6.1f%% %12.1f", sh.name, dtype_name(dt), (long long)M,
+                      sec * 1e3, gbs, 100 * gbs / probe_gbs, gflops);
+          if (topos.size() > 1 || topo) std::printf("  numa=%s", topo ? topo->name().c_str() : "none");
+          std::printf("\n");
+          std::fflush(stdout);
+        }
       }
     }
   }

@@ -14,6 +14,7 @@ import sys
 # subcommand name -> module (relative to this package)
 SUBCOMMANDS = {
     "ffn": ".ffn",
+    "numa-plan": ".numa_plan",
 }
 
 
