@@ -107,14 +107,16 @@ def session_options(threads: int = 1, no_fallback: bool = True, profile_prefix: 
 
 
 def hina_session(model, isa: str = "auto", threads: int = 1, no_fallback: bool = True,
-                 profile_prefix: str | None = None, cpu_fallback_provider: bool = False):
-    """A session on HinaMoE (``model``: ModelProto, bytes or path)."""
+                 profile_prefix: str | None = None, cpu_fallback_provider: bool = False,
+                 extra_options: dict | None = None):
+    """A session on HinaMoE (``model``: ModelProto, bytes or path); provider
+    options ``isa`` plus ``extra_options``."""
     import onnxruntime as ort
 
     from hinamoe.models import model_source
 
     src = model_source(model) if hasattr(model, "graph") else model
-    providers = [("HinaMoE", {"isa": isa})]
+    providers = [("HinaMoE", {"isa": isa, **(extra_options or {})})]
     if cpu_fallback_provider:
         providers.append("CPUExecutionProvider")
     so = session_options(threads, no_fallback, profile_prefix)

@@ -27,24 +27,41 @@ bool config_entry(const OrtApi& api, const OrtSessionOptions* so, const char* ke
 
 OrtStatus* HinaEp::read_options(const OrtApi& api, const OrtSessionOptions* so, Options* out) {
   HINA_API_BEGIN
-  // Provider options arrive as "ep.<lower-cased ep name>.<key>".
-  std::string isa;
-  std::string source = "provider option 'isa'";
-  if (so == nullptr || !config_entry(api, so, "ep.hinamoe.isa", &isa)) {
-    const char* env = std::getenv("HINAMOE_ISA");
-    if (env != nullptr && *env != '\0') {
-      isa = env;
-      source = "environment variable HINAMOE_ISA";
-    } else {
-      isa = "auto";
+  // Provider options arrive as "ep.<lower-cased ep name>.<key>"; each falls
+  // back to its environment variable, then to the default.
+  auto option = [&](const char* key, const char* env_var, const char* fallback, std::string* source) {
+    std::string value;
+    if (so != nullptr && config_entry(api, so, (std::string("ep.hinamoe.") + key).c_str(), &value)) {
+      *source = std::string("provider option '") + key + "'";
+      return value;
     }
-  }
+    const char* env = std::getenv(env_var);
+    if (env != nullptr && *env != '\0') {
+      *source = std::string("environment variable ") + env_var;
+      return std::string(env);
+    }
+    *source = std::string("default of '") + key + "'";
+    return std::string(fallback);
+  };
+
+  std::string source;
+  const std::string isa = option("isa", "HINAMOE_ISA", "auto", &source);
   std::string error;
   out->tier = hinamoe::select_tier(isa, &error);
   if (out->tier == nullptr) {
     return make_status(ORT_INVALID_ARGUMENT, "HinaMoE: " + source + " = '" + isa + "': " + error);
   }
   out->isa = isa;
+
+  const std::string numa = option("numa", "HINAMOE_NUMA_TOPOLOGY", "auto", &source);
+  if (numa != "off") {
+    std::unique_ptr<hinamoe::numa::Topology> topo = hinamoe::numa::select_topology(numa, &error);
+    if (topo == nullptr) {
+      return make_status(ORT_INVALID_ARGUMENT, "HinaMoE: " + source + " = '" + numa + "': " + error +
+                                                   " (or 'off')");
+    }
+    out->topology = std::move(topo);
+  }
   return nullptr;
   HINA_API_END
 }
@@ -56,7 +73,9 @@ HinaEp::HinaEp(HinaEpFactory& factory, const Options& options, const OrtLogger& 
   GetCapability = GetCapabilityImpl;
   GetKernelRegistry = GetKernelRegistryImpl;
   // Kernel-registry EP: nothing to compile; the other callbacks are optional.
-  log(ORT_LOGGING_LEVEL_INFO, std::string("HinaMoE EP created, kernel tier '") + options_.tier->name + "'");
+  log(ORT_LOGGING_LEVEL_INFO, std::string("HinaMoE EP created, kernel tier '") + options_.tier->name + "', " +
+                                  std::to_string(options_.topology ? options_.topology->num_nodes() : 1) +
+                                  " NUMA node(s)");
 }
 
 void HinaEp::log(OrtLoggingLevel level, const std::string& msg) const {

@@ -2,8 +2,10 @@
 // (which nodes we claim) and the kernel registry that runs them.
 #pragma once
 
+#include <memory>
 #include <string>
 
+#include "kernels/numa/topology.h"
 #include "kernels/tier.h"
 #include "ort_api.h"
 
@@ -16,11 +18,15 @@ class HinaEp : public OrtEp {
   struct Options {
     const hinamoe::KernelTier* tier = nullptr;  // resolved from "isa"
     std::string isa = "auto";                   // as the user wrote it
+    // From "numa": null when off; the kernels split work by node when it has
+    // more than one. Shared by the kernels of the session.
+    std::shared_ptr<const hinamoe::numa::Topology> topology;
   };
 
-  // Reads provider options (session config "ep.hinamoe.<key>") and the
-  // HINAMOE_ISA environment variable; the provider option wins. An unknown
-  // key value is an error, so a typo fails session creation loudly.
+  // Reads provider options (session config "ep.hinamoe.<key>": isa, numa)
+  // and the HINAMOE_ISA / HINAMOE_NUMA_TOPOLOGY environment variables; the
+  // provider option wins. An unknown value is an error, so a typo fails
+  // session creation loudly.
   static OrtStatus* read_options(const OrtApi& api, const OrtSessionOptions* so, Options* out);
 
   HinaEp(HinaEpFactory& factory, const Options& options, const OrtLogger& logger);

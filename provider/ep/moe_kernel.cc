@@ -7,6 +7,7 @@
 
 #include "ep.h"
 #include "kernels/moe_ffn.h"
+#include "kernels/numa/plan_cache.h"
 #include "moe_attrs.h"
 
 namespace hinamoe_ep {
@@ -41,6 +42,9 @@ void ort_parallel_for(void* pool, size_t n, void (*fn)(void*, size_t), void* arg
 struct MoEKernel : OrtKernelImpl {
   hinamoe::MoEAttrs attrs;
   const hinamoe::KernelTier* tier = nullptr;
+  std::shared_ptr<const hinamoe::numa::Topology> topology;  // null: one node
+  // Segment tables of this node's weights, built on first use (thread-safe).
+  mutable hinamoe::numa::PlanCache plans;
   std::string node_name;
 
   MoEKernel() : OrtKernelImpl{} {
@@ -145,7 +149,10 @@ OrtStatus* MoEKernel::compute(OrtKernelContext* context) const {
   par.pool = &ctx;
   par.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // Validates attributes against the shapes, then runs (nothing for 0 tokens).
-  const std::string why = hinamoe::moe_ffn(s, attrs, t, *tier, par);
+  hinamoe::MoEOptions opt;
+  opt.topology = topology.get();
+  opt.plans = &plans;
+  const std::string why = hinamoe::moe_ffn(s, attrs, t, *tier, par, opt);
   if (!why.empty()) return error("", why);
   return nullptr;
 }
@@ -197,7 +204,9 @@ OrtStatus* ORT_API_CALL create_moe_kernel(void*, const OrtKernelInfo* info, OrtK
 
   const OrtEp* ep = nullptr;
   HINA_RETURN_IF_ERROR(Ort::GetEpApi().KernelInfo_GetEp(info, &ep));
-  kernel->tier = static_cast<const HinaEp*>(ep)->options().tier;
+  const HinaEp::Options& options = static_cast<const HinaEp*>(ep)->options();
+  kernel->tier = options.tier;
+  kernel->topology = options.topology;
   *out = kernel.release();
   return nullptr;
   HINA_API_END

@@ -22,6 +22,8 @@ def main() -> int:
         why = hinamoe.tier_unavailable_reason(name)
         state = "available" + notes.get(name, "") if not why else "unavailable: " + why
         print(f"  {name:<8} {state}")
+    print(f"NUMA nodes   {hinamoe.numa_nodes('auto')}  (option numa=auto; run under "
+          "`numactl --interleave=all` on multi-socket machines)")
     devices = hinamoe.get_ep_devices()
     print(f"EP devices   {len(devices)}")
     for d in devices:

@@ -86,3 +86,16 @@ def numa_plan(rows: int, cols: int, dtype: str, nodes: int, page_size: int = 409
         out.append([(segs[3 * j], segs[3 * j + 1], segs[3 * j + 2]) for j in range(i, i + counts[n])])
         i += counts[n]
     return NumaPlan(rows, cols, dtype, nodes, page_size, offset, period.value, out)
+
+
+def numa_nodes(topology: str = "auto") -> int:
+    """NUMA nodes of a topology as HinaMoE sees it: "auto"/"sysfs" (this
+    machine), "fake:2|4|8" (simulated) or "off" (1)."""
+    f = _lib().hinamoe_numa_nodes
+    f.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    f.restype = ctypes.c_int
+    err = ctypes.create_string_buffer(512)
+    n = f(topology.encode(), err, len(err))
+    if n < 0:
+        raise ValueError(err.value.decode())
+    return n

@@ -1,0 +1,83 @@
+"""NUMA partitioning through the EP: simulated 2/4/8-node topologies give the
+reference result, this machine's topology is read from sysfs, and a run
+under `numactl --interleave=all` is correct."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import hinamoe
+from conftest import error_text, hina_session, require_isa
+from hinamoe.models import MoEConfig, build_moe_model, random_input, random_logits, run_moe
+from moe_cases import ACT_FUSION_IDS, ACT_FUSIONS, DTYPES, random_config
+from moe_reference import check_close, reference_for
+
+
+@pytest.mark.parametrize("nodes", [2, 4, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("isa", ["ref", "avx2", "amx-emu"])
+def test_fake_topologies_match_reference(nodes, dtype, isa, rng, seed):
+    require_isa(isa)
+    act, fusion = ACT_FUSIONS[int(rng.integers(len(ACT_FUSIONS)))]
+    cfg = random_config(rng, act, fusion, dtype, weights_as_inputs=False)
+    model, w = build_moe_model(cfg, rng=rng)
+    sess = hina_session(model, isa=isa, threads=2, extra_options={"numa": f"fake:{nodes}"})
+    for t in (1, int(rng.integers(2, 40))):
+        x, lg = random_input(cfg, t, rng), random_logits(cfg, t, rng)
+        check_close(run_moe(sess, x, lg), reference_for(cfg, x, lg, w), dtype,
+                    f"seed {seed} numa=fake:{nodes} isa={isa} T={t} [{cfg.describe()}]")
+
+
+def test_this_machine_topology():
+    assert hinamoe.numa_nodes("auto") >= 1
+    assert hinamoe.numa_nodes("off") == 1
+    assert hinamoe.numa_nodes("fake:4") == 4
+    with pytest.raises(ValueError, match="fake"):
+        hinamoe.numa_nodes("fake:3")
+
+
+def test_unknown_numa_option_fails_session_creation():
+    model, _ = build_moe_model(MoEConfig(hidden=16, inter=8, experts=2, k=1), seed=0)
+    with pytest.raises(Exception) as info:
+        hina_session(model, extra_options={"numa": "fake:5"})
+    assert "numa" in error_text(info.value) and "fake:5" in error_text(info.value)
+
+
+@pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl is not installed")
+def test_run_under_numactl_interleave(tmp_path):
+    """The weights are page-interleaved by numactl; the EP reads the real
+    topology (one node here) and gives the reference result."""
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import numpy as np
+        import onnxruntime as ort
+        import hinamoe
+        sys.path.insert(0, sys.argv[1])
+        from hinamoe.models import MoEConfig, build_moe_model, random_input, random_logits, run_moe
+        from moe_reference import check_close, reference_for
+        rng = np.random.default_rng(int(sys.argv[2]))
+        cfg = MoEConfig(hidden=200, inter=136, experts=8, k=2, activation="swiglu", swiglu_fusion=1)
+        model, w = build_moe_model(cfg, rng=rng)
+        so = ort.SessionOptions()
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        sess = ort.InferenceSession(model.SerializeToString(), so,
+                                    providers=[("HinaMoE", {"numa": "auto"})])
+        assert sess.get_providers()[0] == "HinaMoE"
+        x, lg = random_input(cfg, 9, rng), random_logits(cfg, 9, rng)
+        check_close(run_moe(sess, x, lg), reference_for(cfg, x, lg, w), cfg.dtype, "numactl")
+        print("nodes", hinamoe.numa_nodes("auto"))
+    """))
+    tests_dir = str(__import__("pathlib").Path(__file__).parent)
+    seed = int(np.random.default_rng().integers(1 << 31))
+    proc = subprocess.run(["numactl", "--interleave=all", sys.executable, str(script), tests_dir, str(seed)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    nodes = int(proc.stdout.split("nodes")[-1])
+    assert nodes == hinamoe.numa_nodes("auto") >= 1
