@@ -65,6 +65,33 @@ def rng(seed) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+# ------------------------------------------------------------ onnxruntime version
+
+def _moe_schema_attributes() -> set[str]:
+    from onnxruntime.capi import onnxruntime_pybind11_state as C
+
+    for schema in C.get_all_operator_schema():
+        if schema.name == "MoE" and schema.domain == "com.microsoft":
+            return set(schema.attributes)
+    return set()
+
+
+# swiglu_limit_after_activation entered the MoE schema in onnxruntime 1.32.
+ORT_HAS_LIMIT_AFTER_ACTIVATION = "swiglu_limit_after_activation" in _moe_schema_attributes()
+
+
+def _ort_version() -> tuple[int, int]:
+    import onnxruntime as ort
+
+    major, minor = ort.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+# Before 1.32 the CPU EP's float16 MoE returns zeros for some rows (seen on
+# 1.30 and 1.31 with T=1): no reference to compare against there.
+CPU_EP_F16_MOE_OK = _ort_version() >= (1, 32)
+
+
 # ------------------------------------------------------------ EP and tiers
 
 

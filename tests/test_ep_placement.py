@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import (cpu_session, hina_session, profile_node_providers, require_ep,
+from conftest import (CPU_EP_F16_MOE_OK, cpu_session, hina_session, profile_node_providers, require_ep,
                       require_isa)
 from hinamoe.models import (MoEConfig, build_moe_model, random_input, random_logits,
                             run_moe, weight_feeds)
@@ -68,6 +68,8 @@ def test_sparse_mixer_not_claimed(tmp_path, rng):
 def test_same_model_cpu_ep_vs_hinamoe(act, dtype, isa, rng, seed):
     """The very same model on both EPs (CPU EP-supported configurations)."""
     require_isa(isa)
+    if dtype == "float16" and not CPU_EP_F16_MOE_OK:
+        pytest.skip("this onnxruntime's CPU EP float16 MoE is wrong (fixed in 1.32)")
     for trial in range(2):
         cfg = MoEConfig(hidden=int(rng.choice([36, 100, 130])),
                         inter=int(rng.choice([24, 72])), experts=int(rng.integers(2, 33)),

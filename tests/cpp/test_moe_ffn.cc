@@ -6,6 +6,7 @@
 #include "moe_ffn.h"
 #include "ref_moe.h"
 #include "test_util.h"
+#include "tiers_here.h"
 #include "thread_pool.h"
 
 using namespace hinamoe;
@@ -94,11 +95,6 @@ bool run_case(const KernelTier& tier, const Parallel& par, int dtype, const Shap
                                                   want[std::max<int64_t>(worst_i, 0)], tol));
 }
 
-std::vector<const KernelTier*> tiers_here() {
-  std::vector<const KernelTier*> v;
-  for (const std::string& n : supported_tiers()) v.push_back(select_tier(n, nullptr));
-  return v;
-}
 
 }  // namespace
 

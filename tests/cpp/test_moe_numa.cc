@@ -13,6 +13,7 @@
 #include "numa/topology.h"
 #include "ref_moe.h"
 #include "test_util.h"
+#include "tiers_here.h"
 #include "thread_pool.h"
 
 using namespace hinamoe;
@@ -140,11 +141,6 @@ void run_case(const KernelTier& tier, const Parallel& par, int dtype, const Shap
                            (long long)stats.partition_items));
 }
 
-std::vector<const KernelTier*> tiers_here() {
-  std::vector<const KernelTier*> v;
-  for (const std::string& n : supported_tiers()) v.push_back(select_tier(n, nullptr));
-  return v;
-}
 
 }  // namespace
 
