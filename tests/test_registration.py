@@ -98,6 +98,22 @@ def test_unknown_isa_option_fails_clearly():
     assert "HinaMoE" not in sess.get_providers()
 
 
+def test_amx_where_the_cpu_lacks_it_fails_clearly():
+    """isa=amx on a CPU without AMX is an error at session creation that says
+    which check failed; where AMX exists the session runs on it."""
+    import hinamoe
+
+    why = hinamoe.tier_unavailable_reason("amx")
+    if not why:
+        assert hina_session(_tiny_model(), isa="amx").get_providers()[0] == "HinaMoE"
+        return
+    assert "AMX" in why
+    with pytest.raises(Exception) as ei:
+        hina_session(_tiny_model(), isa="amx")
+    msg = error_text(ei.value)
+    assert "amx" in msg and "AMX" in msg, msg
+
+
 def test_isa_env_var():
     require_ep()
     code = """

@@ -202,6 +202,15 @@ OrtStatus* ORT_API_CALL create_moe_kernel(void*, const OrtKernelInfo* info, OrtK
   std::string why;
   if (read_moe_attrs(src, &kernel->attrs, &why) != AttrVerdict::Ok) return kernel->error("", why);
 
+  // E is usually static in the graph: report k > E when the session is created.
+  if (ki.GetInputCount() > 1) {
+    const std::vector<int64_t> router = ki.GetInputTypeInfo(1).GetTensorTypeAndShapeInfo().GetShape();
+    if (router.size() == 2 && router[1] > 0 && kernel->attrs.k > router[1]) {
+      return kernel->error("", "attribute k=" + std::to_string(kernel->attrs.k) +
+                                   " exceeds the number of experts (" + std::to_string(router[1]) + ")");
+    }
+  }
+
   const OrtEp* ep = nullptr;
   HINA_RETURN_IF_ERROR(Ort::GetEpApi().KernelInfo_GetEp(info, &ep));
   const HinaEp::Options& options = static_cast<const HinaEp*>(ep)->options();

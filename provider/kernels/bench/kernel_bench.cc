@@ -177,22 +177,27 @@ int main(int argc, char** argv) {
     for (DType dt : dts) {
       const int64_t E = 8, H = sh.H, I = sh.I;
       if (kernel_only) {
-        // gemm_rows over one [N=2I... ] matrix of all 8 experts' gate+up rows: N = 8*2I, K = H.
-        const int64_t N = E * 2 * I, K = H;
-        auto W = random_bytes(size_t(N * K), dt, 0.05f, 1);
-        for (int64_t M : Ms) {
-          std::vector<float> X(size_t(M * K), 0.5f), Y(size_t(M * N));
-          const int64_t items = 8 * threads, blk = (N + items - 1) / items;
-          auto fn = [&] {
-            par.for_each(size_t(items), [&](size_t it) {
-              const int64_t n0 = int64_t(it) * blk, n1 = std::min(N, n0 + blk);
-              tier->gemm_rows[int(dt)](W.data(), K, n0, n1, X.data(), K, M, Y.data() + n0, N);
-            });
-          };
-          const double s = time_it(fn);
-          const double gbs = double(W.size()) / s / 1e9;
-          std::printf("%-14s %-5s %4lld %10.3f %9.2f %6.1f%% %12.1f  (gemm_rows only)\n", sh.name, dtype_name(dt),
-                      (long long)M, s * 1e3, gbs, 100 * gbs / probe_gbs, 2.0 * double(N * K * M) / s / 1e9);
+        // gemm_rows alone on one matrix split over the threads: "up" = all 8
+        // experts' gate+up rows [8*2I, H] (phase 1), "down" = [8*H, I] (phase 2).
+        for (int pass = 0; pass < 2; ++pass) {
+          const int64_t N = pass == 0 ? E * 2 * I : E * H, K = pass == 0 ? H : I;
+          const int64_t ldx = (K + 15) / 16 * 16 + ((K + 15) / 16 * 16 % 512 == 0 ? 16 : 0);
+          auto W = random_bytes(size_t(N * K), dt, 0.05f, 1);
+          for (int64_t M : Ms) {
+            std::vector<float> X(size_t(M * ldx), 0.5f), Y(size_t(M * N));
+            const int64_t items = 8 * threads, blk = ((N + items - 1) / items + 7) / 8 * 8;
+            auto fn = [&] {
+              par.for_each(size_t(items), [&](size_t it) {
+                const int64_t n0 = std::min(N, int64_t(it) * blk), n1 = std::min(N, n0 + blk);
+                tier->gemm_rows[int(dt)](W.data(), K, n0, n1, X.data(), ldx, M, Y.data() + n0, N);
+              });
+            };
+            const double s = time_it(fn);
+            const double gbs = double(W.size()) / s / 1e9;
+            std::printf("%-14s %-5s %4lld %10.3f %9.2f %6.1f%% %12.1f  (gemm_rows only, %s K=%lld)\n", sh.name,
+                        dtype_name(dt), (long long)M, s * 1e3, gbs, 100 * gbs / probe_gbs, 2.0 * double(N * K * M) / s / 1e9,
+                        pass == 0 ? "up" : "down", (long long)K);
+          }
         }
         continue;
       }
