@@ -66,8 +66,9 @@ HINAMOE_AVX2_INLINE float hsum(__m256 v) {
 // y[t*ldy + r] (+)= dot(w row r, x row t) over K elements; rows are ldw apart.
 template <DType DT, int R, int T>
 HINAMOE_AVX2_FN void micro(const typename Elem<DT>::T* w, int64_t K, int64_t ldw, const float* x, int64_t ldx,
-                           float* y, int64_t ldy, bool accumulate, int64_t pf) {
+                           float* y, int64_t ldy, bool accumulate) {
   using E = typename Elem<DT>::T;
+  constexpr int64_t kPf = HINAMOE_PF_DIST / int64_t(sizeof(E));
   __m256 acc[R][T];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -79,7 +80,7 @@ HINAMOE_AVX2_FN void micro(const typename Elem<DT>::T* w, int64_t K, int64_t ldw
     if (HINAMOE_PF_DIST > 0 && ((k * int64_t(sizeof(E))) & 63) == 0) {
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + k + pf), HINAMOE_PF_HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + k + kPf), HINAMOE_PF_HINT);
     }
     __m256 wv[R];
 #pragma GCC unroll 8
@@ -115,31 +116,20 @@ constexpr int rows_for(int T) { return T == 1 ? HINAMOE_R1 : T == 2 ? 4 : 3; }
 // already point at (kc elements of rows ldw apart).
 template <DType DT, int T>
 HINAMOE_AVX2_FN void rows_loop(const typename Elem<DT>::T* W, int64_t kc, int64_t ldw, int64_t nb0, int64_t nb1,
-                               int64_t n0, const float* x, int64_t ldx, float* y, int64_t ldy, bool acc,
-                               int64_t pf) {
+                               int64_t n0, const float* x, int64_t ldx, float* y, int64_t ldy, bool acc) {
   constexpr int R = rows_for(T);
   int64_t n = nb0;
-  for (; n + R <= nb1; n += R) micro<DT, R, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc, pf);
+  for (; n + R <= nb1; n += R) micro<DT, R, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc);
   // Leftover rows (fewer than R): at most one call of each smaller size.
   if constexpr (R > 4) {
-    if (nb1 - n >= 4) { micro<DT, 4, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc, pf); n += 4; }
+    if (nb1 - n >= 4) { micro<DT, 4, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc); n += 4; }
   }
   switch (nb1 - n) {
-    case 1: micro<DT, 1, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc, pf); break;
-    case 2: micro<DT, 2, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc, pf); break;
-    case 3: micro<DT, 3, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc, pf); break;
+    case 1: micro<DT, 1, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc); break;
+    case 2: micro<DT, 2, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc); break;
+    case 3: micro<DT, 3, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc); break;
     default: break;
   }
-}
-
-#include <cstdlib>
-inline int64_t pf_next_max() {
-  static const int64_t v = std::getenv("PFNEXT") ? std::atoll(std::getenv("PFNEXT")) : 16384;
-  return v;
-}
-inline bool pf_block_on() {
-  static const bool v = std::getenv("PFBLOCK") ? std::atoi(std::getenv("PFBLOCK")) != 0 : true;
-  return v;
 }
 
 // Rows ldw elements apart, K columns each (ldw == K: gemm_rows).
@@ -160,8 +150,6 @@ HINAMOE_AVX2_INLINE void gemm_rows_impl(const void* Wv, int64_t ldw, int64_t K, 
   // With several token tiles, split long rows into K slices of <= ~1024 so a
   // tile of x (4 x 4 KiB) and the current rows stay in L1 while the tiles
   // and rows of the block cycle; partial sums accumulate in Y.
-  constexpr int64_t kPf = HINAMOE_PF_DIST / int64_t(sizeof(E));
-  const bool short_rows = ldw == K && rows_for(1) * row_bytes <= pf_next_max();
   const int64_t nk = ntiles == 1 || K <= 1536 ? 1 : (K + 1023) / 1024;
   const int64_t kstep = nk == 1 ? K : ((K + nk - 1) / nk + 15) / 16 * 16;
   for (int64_t nb = n0; nb < n1; nb += block_rows) {
@@ -175,24 +163,11 @@ HINAMOE_AVX2_INLINE void gemm_rows_impl(const void* Wv, int64_t ldw, int64_t K, 
         const float* x = X + m * ldx + k0;
         float* y = Y + m * ldy;
         const E* w = W + k0;
-        // Prefetch target, as an offset from the element being loaded:
-        // 1 KiB ahead in the row by default. Short rows with one token tile:
-        // the same column of the next micro call's rows (ldw == K: one
-        // contiguous stream, no ramp-up per short row). Several token tiles:
-        // tile 1 fetches the next row block (its weights then arrive while
-        // the later tiles compute on cache-resident rows) and tile 0 of that
-        // block finds them in L2.
-        int64_t pf = kPf;
-        if (ntiles == 1) {
-          if (short_rows) pf = rows_for(1) * ldw;
-        } else if (tile == 1 && nbe < n1 && pf_block_on()) {
-          pf = block_rows * ldw;
-        }
         switch (T) {
-          case 1: rows_loop<DT, 1>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc, pf); break;
-          case 2: rows_loop<DT, 2>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc, pf); break;
-          case 3: rows_loop<DT, 3>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc, pf); break;
-          default: rows_loop<DT, 4>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc, pf); break;
+          case 1: rows_loop<DT, 1>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+          case 2: rows_loop<DT, 2>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+          case 3: rows_loop<DT, 3>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+          default: rows_loop<DT, 4>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
         }
         m += T;
       }

@@ -27,8 +27,12 @@ TEST(gemm_rows_edges) {
                                    23, 31, 32, 33, 47, 63, 64, 65, 70, 100, 129, 257, 1543, 3001};
   const std::vector<int64_t> Ms_all = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 16, 17, 33, 70};
   // Long rows (the AVX2 tier slices K when M > 4) get fewer M values to stay fast.
-  const std::vector<int64_t> Ms_long = {1, 4, 5, 9, 17};
-  const std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 29}, {0, 1}, {3, 4}, {5, 5}, {1, 28}, {7, 20}, {26, 29}};
+  const std::vector<int64_t> Ms_long = {1, 2, 3, 4, 5, 9, 17};
+  // Row counts 29, 1, 0, 27, 13, 3, 10, 8, 4: every leftover after blocks
+  // of 8, 6, 4 or 3 rows (the AVX2 tier's per-token-tile row counts, and 6
+  // for a variant that was measured).
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 29}, {0, 1}, {3, 4}, {5, 5}, {1, 28}, {7, 20},
+                                                           {26, 29}, {2, 12}, {4, 12}, {21, 25}};
   for (const KernelTier* tier : tiers_here()) {
     for (int dtype = 0; dtype < 3; ++dtype) {
       for (int64_t K : Ks) {

@@ -7,7 +7,9 @@
 // Default mode runs moe_ffn with E experts all hit by every token (k = E = 8),
 // so each expert sees exactly M tokens, and reports weight bytes touched per
 // second and the share of the measured read bandwidth. --kernel times
-// gemm_rows alone on one [N, K] matrix split over the threads.
+// gemm_rows alone on the phase-1 ("up": [8*2I, H]) and phase-2 ("down":
+// [8*H, I]) matrices, each split over the threads (the qwen3 down matrix fits
+// in a 32 MiB L3, so those numbers are not DRAM-bound).
 // --numa-sim runs moe_ffn once per listed topology, interleaved per M:
 // 0 = no topology (MoEOptions default), 1 = this machine's sysfs topology
 // (one node here: the one-branch path), 2/4/8 = fake:N (the partitioned path
