@@ -74,17 +74,21 @@ double read_bandwidth_gbs(size_t bytes, int threads, int repeats) {
   std::atomic<int> go{0}, done{0};
   std::atomic<uint64_t> sink{0};
 
+  auto read_slice = [avx2](const char* p, size_t n) {
+#ifdef HINAMOE_X86
+    return avx2 ? read_avx2(p, n) : read_scalar(p, n);
+#else
+    (void)avx2;
+    return read_scalar(p, n);
+#endif
+  };
   auto body = [&](int id) {
     char* p = buf + size_t(id) * slice;
     std::memset(p, id + 1, slice);  // first touch by the reading thread
     uint64_t acc = 0;
     for (int r = 0; r <= repeats; ++r) {  // pass 0 is the warm-up
       while (go.load(std::memory_order_acquire) <= r) std::this_thread::yield();
-#ifdef HINAMOE_X86
-      acc ^= avx2 ? read_avx2(p, slice) : read_scalar(p, slice);
-#else
-      acc ^= read_scalar(p, slice);
-#endif
+      acc ^= read_slice(p, slice);
       done.fetch_add(1, std::memory_order_acq_rel);
     }
     sink.fetch_xor(acc);
@@ -101,11 +105,7 @@ double read_bandwidth_gbs(size_t bytes, int threads, int repeats) {
     for (int r = 0; r <= repeats; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
       go.store(r + 1, std::memory_order_release);
-#ifdef HINAMOE_X86
-      acc ^= avx2 ? read_avx2(p, slice) : read_scalar(p, slice);
-#else
-      acc ^= read_scalar(p, slice);
-#endif
+      acc ^= read_slice(p, slice);
       done.fetch_add(1, std::memory_order_acq_rel);
       while (done.load(std::memory_order_acquire) < threads * (r + 1)) {
       }

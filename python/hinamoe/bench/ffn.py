@@ -78,6 +78,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="intra_op_num_threads values (default: 1,2)")
     g.add_argument("--isa", default="auto",
                    help="HinaMoE kernel tier: auto, ref, avx2, ... (default: auto)")
+    g.add_argument("--numa-sim", type=int, default=0, metavar="N", choices=[0, 2, 4, 8],
+                   help="run HinaMoE under a simulated N-node topology (provider option "
+                        "numa=fake:N; 2, 4 or 8): shows what the NUMA partitioning costs on "
+                        "this machine, not a multi-node gain (default: 0 = numa=auto)")
     g.add_argument("--active", type=int, default=0, metavar="A",
                    help="active experts per step (default: k of the model); "
                         "tokens per step = n*A/k")
@@ -193,7 +197,7 @@ def _plan_experts(shape, override: int, dtype_itemsize_min: int, l3: int, multip
 # --------------------------------------------------------------------- timing
 
 
-def _make_session(src: str, ep: str, threads: int, isa: str):
+def _make_session(src: str, ep: str, threads: int, isa: str, numa: str = "auto"):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -203,7 +207,7 @@ def _make_session(src: str, ep: str, threads: int, isa: str):
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if ep == "HinaMoE":
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-        providers = [("HinaMoE", {"isa": isa})]
+        providers = [("HinaMoE", {"isa": isa, "numa": numa})]
     else:
         providers = ["CPUExecutionProvider"]
     sess = ort.InferenceSession(src, so, providers=providers)
@@ -316,7 +320,8 @@ def run(args) -> int:
     probe_bandwidth()
     bandwidth = bandwidth_now()
     print(f"machine: {_cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
-          f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa})")
+          f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa}"
+          + (f", numa=fake:{args.numa_sim}" if args.numa_sim else "") + ")")
     print("read bandwidth (before): " + ", ".join(
         f"{t} thr {bw:.1f} GB/s" if bw else f"{t} thr n/a" for t, bw in bandwidth.items()))
 
@@ -385,7 +390,8 @@ def run(args) -> int:
                     for thr in threads:
                         if bar:
                             bar.set_postfix_str(f"{shape.name} {d} {ep} {thr}thr: session")
-                        sess = _make_session(src, ep, thr, args.isa)
+                        sess = _make_session(src, ep, thr, args.isa,
+                                             f"fake:{args.numa_sim}" if args.numa_sim else "auto")
                         for n in tokens:
                             if bar:
                                 bar.set_postfix_str(f"{shape.name} {d} {ep} {thr}thr n={n}")
@@ -450,7 +456,8 @@ def run(args) -> int:
             command="hina-bench ffn", argv=sys.argv[1:], time=time.strftime("%Y-%m-%d %H:%M:%S"),
             cpu=_cpu_name(), cores=cores, l3_bytes=l3, onnxruntime=ort.__version__,
             hinamoe=getattr(hinamoe, "__version__", None) if hinamoe else None,
-            tier=tier, isa=args.isa, read_bandwidth_gbs={str(k): v for k, v in bandwidth.items()},
+            tier=tier, isa=args.isa, numa_sim=args.numa_sim,
+            read_bandwidth_gbs={str(k): v for k, v in bandwidth.items()},
             read_bandwidth_probes_gbs={str(k): v for k, v in bandwidth_runs.items()},
             bandwidth_probe_bytes=bw_bytes, repeats=repeats, seed=args.seed,
             layers=layers, elapsed_s=elapsed,
