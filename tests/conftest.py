@@ -95,16 +95,6 @@ CPU_EP_F16_MOE_OK = _ort_version() >= (1, 32)
 # ------------------------------------------------------------ EP and tiers
 
 
-def require_ep():
-    """The imported ``hinamoe`` package (kept for tests that take it as a fixture)."""
-    return hinamoe
-
-
-@pytest.fixture
-def hinamoe_mod():
-    return hinamoe
-
-
 def available_isas() -> list[str]:
     """Kernel tiers this CPU runs (amx-emu always: it is the emulator)."""
     return [isa for isa in ("ref", "avx2", "amx", "amx-emu") if not hinamoe.tier_unavailable_reason(isa)]

@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import error_text, hina_session, require_ep
+from conftest import error_text, hina_session
 from hinamoe.models import (MoEConfig, build_moe_model, random_input, random_logits,
                             run_moe, weight_feeds)
 from moe_reference import check_close, reference_for
@@ -55,12 +55,7 @@ def _mentions_moe(msg: str) -> bool:
 BASE = dict(hidden=24, inter=16, experts=4, k=2, activation="swiglu", swiglu_fusion=1)
 
 
-@pytest.fixture
-def ep():
-    return require_ep()
-
-
-def test_zero_tokens_2d_and_3d(ep, rng):
+def test_zero_tokens_2d_and_3d(rng):
     for dtype in ("float32", "float16", "bfloat16"):
         for rank in (2, 3):
             cfg = MoEConfig(**BASE, dtype=dtype, input_rank=rank)
@@ -79,7 +74,7 @@ def test_zero_tokens_2d_and_3d(ep, rng):
 
 
 @pytest.mark.parametrize("k", [0, 5, 9])
-def test_bad_k(ep, k, rng):
+def test_bad_k(k, rng):
     """k = 0 and k > E (E = 4): a clear error mentioning k (and E's value for k > E)."""
     cfg = MoEConfig(**{**BASE, "k": k})
     model, _ = build_moe_model(cfg, rng=rng)
@@ -90,7 +85,7 @@ def test_bad_k(ep, k, rng):
         assert "4" in msg, msg
 
 
-def test_nan_router_logits_names_token(ep, rng):
+def test_nan_router_logits_names_token(rng):
     cfg = MoEConfig(**BASE)
     model, _ = build_moe_model(cfg, rng=rng)
     sess = hina_session(model)
@@ -147,7 +142,7 @@ W1, W2, B1, B2 = ("fc1_experts_weights", "fc2_experts_weights", "fc1_experts_bia
     ((B2, 0, 1), [B2]),
 ], ids=["router-E", "fc2-E", "fc1-E", "router-T", "input-H", "fc1-rows", "fc2-I",
         "fc1-bias", "fc2-bias"])
-def test_bad_shapes(ep, case, names, rng):
+def test_bad_shapes(case, names, rng):
     """The message names the op and one of the inputs involved in the mismatch."""
     msg = _bad_shape_case(rng, _resize(*case))
     assert _mentions_moe(msg), msg
@@ -161,7 +156,7 @@ def test_bad_shapes(ep, case, names, rng):
     ("fc1_experts_weights", (4 * 32, 24)),  # 2-D weights
     ("fc2_experts_weights", (4, 24, 16, 1)),  # 4-D weights
 ], ids=["input-1d", "input-4d", "router-3d", "fc1-2d", "fc2-4d"])
-def test_bad_ranks(ep, name, new_shape, rng):
+def test_bad_ranks(name, new_shape, rng):
     def mutate(feeds, r):
         a = feeds[name]
         feeds[name] = r.standard_normal(new_shape).astype(a.dtype)
@@ -181,7 +176,7 @@ def test_bad_ranks(ep, name, new_shape, rng):
     assert name in msg or "rank" in msg.lower() or "dim" in msg.lower(), msg
 
 
-def test_bad_initializer_shapes_fail_at_load(ep, rng):
+def test_bad_initializer_shapes_fail_at_load(rng):
     """Initializers that disagree (fc2 has E=5, fc1 E=4) are refused when the
     session is created or first run, with the reason."""
     cfg = MoEConfig(**BASE)
@@ -197,7 +192,7 @@ def test_bad_initializer_shapes_fail_at_load(ep, rng):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "int32"])
-def test_unsupported_dtype(ep, dtype, rng):
+def test_unsupported_dtype(dtype, rng):
     """double / int32 MoE is not in the op's type list: the model is refused at
     session creation (ORT's type check) and never silently claimed."""
     cfg = MoEConfig(**{**BASE, "activation": "relu"}, dtype=dtype)
@@ -209,7 +204,7 @@ def test_unsupported_dtype(ep, dtype, rng):
     assert ("double" in msg or "int32" in msg or "type" in msg), msg
 
 
-def test_mixed_dtypes_refused(ep, rng):
+def test_mixed_dtypes_refused(rng):
     """f16 weights with an f32 input violate the op's single type T."""
     cfg = MoEConfig(**BASE, dtype="float16", router_dtype="float32")
     model, _ = build_moe_model(cfg, rng=rng)
@@ -218,7 +213,7 @@ def test_mixed_dtypes_refused(ep, rng):
     assert "type" in _err_text(ei).lower()
 
 
-def test_unknown_activation_refused(ep, rng):
+def test_unknown_activation_refused(rng):
     """An unknown activation is not claimed (HinaMoE leaves it, so a session
     without fallback cannot be made) and the CPU EP then refuses it by name."""
     cfg = MoEConfig(**BASE, extra_attrs={"activation_type": "tanhshrink"})
@@ -231,7 +226,7 @@ def test_unknown_activation_refused(ep, rng):
     assert "tanhshrink" in _err_text(ei) or "activation" in _err_text(ei).lower()
 
 
-def test_fusion0_without_fc3_refused(ep, rng):
+def test_fusion0_without_fc3_refused(rng):
     """swiglu_fusion=0 needs fc3; a model lacking it is an error, not garbage."""
     cfg = MoEConfig(**{**BASE, "swiglu_fusion": 1})
     model, _ = build_moe_model(cfg, rng=rng)

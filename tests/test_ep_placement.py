@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import (CPU_EP_F16_MOE_OK, cpu_session, hina_session, profile_node_providers, require_ep,
+from conftest import (CPU_EP_F16_MOE_OK, cpu_session, hina_session, profile_node_providers,
                       require_isa)
 from hinamoe.models import (MoEConfig, build_moe_model, random_input, random_logits,
                             run_moe, weight_feeds)
@@ -28,7 +28,6 @@ def _profile(sess, x, lg, feeds=None) -> dict:
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_profile_shows_hinamoe(dtype, tmp_path, rng):
-    require_ep()
     cfg = MoEConfig(hidden=64, inter=32, experts=4, k=2, activation="swiglu", dtype=dtype)
     model, w = build_moe_model(cfg, rng=rng)
     sess = hina_session(model, profile_prefix=str(tmp_path / "hina"))
@@ -50,7 +49,6 @@ def test_profile_cpu_ep_baseline(tmp_path, rng):
 def test_sparse_mixer_not_claimed(tmp_path, rng):
     """use_sparse_mixer=1 stays on the CPU EP: with the fallback disabled the
     session cannot be created; with it allowed the profile shows the CPU EP."""
-    require_ep()
     cfg = MoEConfig(hidden=32, inter=16, experts=8, k=2, activation="relu", use_sparse_mixer=1)
     model, _ = build_moe_model(cfg, rng=rng)
     with pytest.raises(Exception):

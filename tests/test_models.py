@@ -151,9 +151,7 @@ def test_real_shapes():
 
 def test_example_runs(capsys):
     """``python -m hinamoe.models.example`` (the README example)."""
-    from conftest import require_ep
 
-    require_ep()
     from hinamoe.models.example import main
 
     assert main(["--repeats", "3", "--tokens", "5"]) == 0

@@ -10,7 +10,9 @@ import textwrap
 
 import pytest
 
-from conftest import REPO_ROOT, error_text, hina_session, require_ep
+import hinamoe
+
+from conftest import REPO_ROOT, error_text, hina_session
 from hinamoe.models import MoEConfig, build_moe_model, random_input, random_logits, run_moe
 
 TIERS = ("ref", "avx2", "avx512", "amx")
@@ -30,7 +32,7 @@ def _python(code: str, env_extra: dict | None = None, timeout: int = 120):
 
 
 def test_import_and_register_twice():
-    hm = require_ep()
+    hm = hinamoe
     hm2 = importlib.import_module("hinamoe")
     assert hm2 is hm
     hm.register()
@@ -42,7 +44,6 @@ def test_import_and_register_twice():
 
 
 def test_fresh_process_import_twice_and_reload():
-    require_ep()
     r = _python("""
         import importlib, onnxruntime as ort
         import hinamoe
@@ -58,7 +59,6 @@ def test_fresh_process_import_twice_and_reload():
 
 
 def test_providers_first_is_hinamoe():
-    require_ep()
     import onnxruntime as ort
 
     model = _tiny_model().SerializeToString()
@@ -70,7 +70,6 @@ def test_providers_first_is_hinamoe():
 
 @pytest.mark.parametrize("isa", ["auto", "ref"])
 def test_isa_option_accepted(isa, rng):
-    require_ep()
     sess = hina_session(_tiny_model(), isa=isa)
     cfg = MoEConfig(hidden=16, inter=8, experts=2, k=1, activation="relu")
     out = run_moe(sess, random_input(cfg, 3, rng), random_logits(cfg, 3, rng))
@@ -81,7 +80,6 @@ def test_unknown_isa_option_fails_clearly():
     """Session creation fails naming the bad value. (Without
     session.disable_cpu_ep_fallback, onnxruntime's Python wrapper prints the EP
     error and retries on the CPU EP alone: HinaMoE is then not in the session.)"""
-    require_ep()
     import onnxruntime as ort
 
     with pytest.raises(Exception) as ei:
@@ -115,7 +113,6 @@ def test_amx_where_the_cpu_lacks_it_fails_clearly():
 
 
 def test_isa_env_var():
-    require_ep()
     code = """
         import sys, onnxruntime as ort, hinamoe
         sys.path.insert(0, ".")
@@ -139,7 +136,7 @@ def test_isa_env_var():
 
 
 def test_python_m_hinamoe_prints_tier():
-    hm = require_ep()
+    hm = hinamoe
     r = subprocess.run([sys.executable, "-m", "hinamoe"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr

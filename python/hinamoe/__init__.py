@@ -7,7 +7,6 @@ Importing the package registers the EP library with ONNX Runtime (once).
 """
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
@@ -66,5 +65,4 @@ def get_ep_devices() -> list:
 from ._native import (NumaPlan, best_tier, measure_read_bandwidth, numa_nodes, numa_plan,  # noqa: E402
                       tier_unavailable_reason)
 
-if os.environ.get("HINAMOE_NO_AUTO_REGISTER", "") != "1":
-    register()
+register()
