@@ -1,0 +1,341 @@
+// Per-route expert outputs for the row-streaming tiers (ref, avx2, and the
+// f32/f16 weights of the AMX tiers): phase 1 gate/up GEMM + bias +
+// activation, phase 2 down GEMM + bias, as (expert, row block) items.
+//
+// NUMA (more than one node): each GEMM phase becomes (a) node-partitioned
+// items (node, expert, row block): a worker claims the items of the node it
+// runs on first, then steals the other nodes' (nodes without CPUs, fake
+// topologies), and computes partial sums over that node's local segments of
+// the expert weight (segment table from the plan cache) into the node's
+// partial buffer (node 0's is the phase's output buffer itself); then (b) per
+// (expert, row block) the partials of nodes 1.. are added in node order and
+// the epilogue (bias, activation) runs. One node: the plain path.
+#include <cstring>
+#include <memory>
+
+#include "activation.h"
+#include "moe_work.h"
+#include "numa/segment_table.h"
+
+namespace hinamoe {
+namespace detail {
+namespace {
+
+// Everything on node 0: the table used when a weight has no plan (cannot
+// happen for valid shapes; kept so a planning failure costs locality only).
+std::shared_ptr<const numa::SegmentTable> node0_table(int64_t rows, int64_t cols, int bits, int nodes) {
+  auto t = std::make_shared<numa::SegmentTable>(numa::single_node_table(rows, cols, bits));
+  t->nodes = nodes;
+  t->segments.resize(size_t(nodes));
+  t->row_begin.resize(size_t(nodes), std::vector<int64_t>{0, 0});
+  return t;
+}
+
+std::shared_ptr<const numa::SegmentTable> weight_table(NumaRun& nr, const void* W, int64_t rows, int64_t cols,
+                                                       DType dt) {
+  const int bits = int(dtype_size(dt)) * 8;
+  std::string err;
+  auto t = nr.cache->get(*nr.topo, W, rows, cols, bits, nr.page_size, &err);
+  if (!t || t->nodes != nr.nodes || t->rows != rows || t->cols != cols) return node0_table(rows, cols, bits, nr.nodes);
+  return t;
+}
+
+// One node's partial of rows [r0, r1) of W [*, K]:
+//   P[m*ldp + (r - r0)] = sum over the node's segments (r, k0, k1) of
+//                         sum_{k in [k0, k1)} W[r*K + k] * X[m*ldx + k]
+// (0 for rows without a local segment). Rows r and r + Tx (Tx = the table's
+// period) have the same segments, so each segment of a residue row is one
+// strided GEMM over the rows r, r + Tx, ... < r1 (ldw = Tx*K): straight into
+// P when Tx == 1 and the row has one segment, else via tmp.
+void node_partial(const numa::SegmentTable& tb, int node, const KernelTier& tier, DType dt, const void* W,
+                  int64_t K, int64_t r0, int64_t r1, const float* X, int64_t ldx, int64_t M, float* P, int64_t ldp,
+                  std::vector<float>& tmp) {
+  if (M <= 0 || r1 <= r0) return;
+  const size_t es = dtype_size(dt);
+  const char* w = static_cast<const char*>(W);
+  const GemmRowsStridedFn strided = tier.gemm_rows_strided[int(dt)];
+  const GemmRowsFn rows = tier.gemm_rows[int(dt)];
+  // out[m*ldo + i] = segment dot of row r + i*step, i < cnt.
+  auto seg = [&](int64_t r, int64_t step, int64_t cnt, int64_t k0, int64_t k1, float* out, int64_t ldo) {
+    const char* wp = w + size_t(r * K + k0) * es;
+    if (strided != nullptr) {
+      strided(wp, step * K, k1 - k0, 0, cnt, X + k0, ldx, M, out, ldo);
+    } else {
+      for (int64_t i = 0; i < cnt; ++i) rows(wp + size_t(i * step * K) * es, k1 - k0, 0, 1, X + k0, ldx, M, out + i, ldo);
+    }
+  };
+  const int64_t Tx = std::max<int64_t>(1, tb.period_rows);
+  const bool have = node < tb.nodes;
+  const int64_t rlim = std::min(r1, r0 + Tx);  // one row per residue class present in [r0, r1)
+  for (int64_t r = r0; r < rlim; ++r) {
+    const int64_t rho = r % Tx;
+    const int64_t s0 = have ? tb.row_begin[size_t(node)][size_t(rho)] : 0;
+    const int64_t s1 = have ? tb.row_begin[size_t(node)][size_t(rho) + 1] : 0;
+    const int64_t cnt = (r1 - r + Tx - 1) / Tx;
+    if (Tx == 1 && s1 - s0 == 1) {
+      const numa::Segment& sg = tb.segments[size_t(node)][size_t(s0)];
+      seg(r, 1, cnt, sg.k_start, sg.k_end, P + (r - r0), ldp);
+      continue;
+    }
+    if (s1 == s0) {
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t i = 0; i < cnt; ++i) P[m * ldp + (r - r0) + i * Tx] = 0.0f;
+      continue;
+    }
+    if (tmp.size() < size_t(M * cnt)) tmp.resize(size_t(M * cnt));
+    for (int64_t si = s0; si < s1; ++si) {
+      const numa::Segment& sg = tb.segments[size_t(node)][size_t(si)];
+      seg(r, Tx, cnt, sg.k_start, sg.k_end, tmp.data(), cnt);
+      for (int64_t m = 0; m < M; ++m) {
+        float* p = P + m * ldp + (r - r0);
+        const float* q = tmp.data() + m * cnt;
+        if (si == s0) {
+          for (int64_t i = 0; i < cnt; ++i) p[i * Tx] = q[i];
+        } else {
+          for (int64_t i = 0; i < cnt; ++i) p[i * Tx] += q[i];
+        }
+      }
+    }
+  }
+}
+
+// Runs fn(node, item) for every node and item in [0, n_items): par.threads
+// workers each start on the node they run on (topology->current_node()),
+// claim that node's items, then steal the other nodes' in ring order, so
+// every node's share is done even where no worker sits on it.
+template <class F>
+void run_node_items(const Parallel& par, NumaRun& nr, size_t n_items, F&& fn) {
+  struct alignas(64) Counter {
+    std::atomic<size_t> next{0};
+  };
+  std::vector<Counter> queue(size_t(nr.nodes));
+  par.for_each(size_t(std::max(par.threads, 1)), [&](size_t) {
+    const int home = nr.topo->current_node() % nr.nodes;
+    int64_t done = 0, stolen = 0;
+    std::vector<float> tmp;
+    for (int d = 0; d < nr.nodes; ++d) {
+      const int node = (home + d) % nr.nodes;
+      for (;;) {
+        const size_t i = queue[size_t(node)].next.fetch_add(1, std::memory_order_relaxed);
+        if (i >= n_items) break;
+        fn(node, i, tmp);
+        ++done;
+        stolen += d != 0;
+      }
+    }
+    nr.items.fetch_add(done, std::memory_order_relaxed);
+    nr.stolen.fetch_add(stolen, std::memory_order_relaxed);
+  });
+  nr.phases.fetch_add(1, std::memory_order_relaxed);
+}
+
+// dst[m*ld + c] += sum_{node=1..nodes-1} part[(node-1)*node_stride + m*ld + c] for c in [c0, c1).
+void add_partials(float* dst, const float* part, int nodes, int64_t node_stride, int64_t M, int64_t ld, int64_t c0,
+                  int64_t c1) {
+  for (int n = 1; n < nodes; ++n) {
+    const float* p = part + (n - 1) * node_stride;
+    for (int64_t m = 0; m < M; ++m) {
+      float* d = dst + m * ld;
+      const float* q = p + m * ld;
+      for (int64_t c = c0; c < c1; ++c) d[c] += q[c];
+    }
+  }
+}
+
+}  // namespace
+
+// Row-streaming tiers: per-route expert outputs y [R, H] (float) from
+// gemm_rows over the weight rows in place.
+std::vector<float> expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at, const MoETensors& t,
+                                       int64_t t0, const Routes& routes, const KernelTier& tier,
+                                       const Parallel& par, NumaRun* nr) {
+  const int64_t H = shape.hidden, I = shape.inter, E = shape.experts;
+  const bool gated = is_gated(at.activation);
+  const int64_t N1 = gated ? 2 * I : I;  // scratch row: [gate | up] or interleaved pairs
+  // fc1 rows per expert: 2I when gate and up are fused in fc1, else I.
+  const int64_t F1 = gated && at.gate_layout != GateLayout::Separate ? 2 * I : I;
+  const DType dt = t.dtype;
+  const size_t es = dtype_size(dt);
+  const GemmRowsFn gemm = tier.gemm_rows[int(dt)];
+  const int64_t R = routes.count();
+  const int64_t* begin = routes.expert_begin.data();
+
+  // xs: gathered inputs [R, ldx], reused as the per-route down outputs [R, H]
+  // after phase 1; act: activations [R, lda].
+  const int64_t ldx = padded_ld(H), lda = padded_ld(I);
+  std::vector<float> xs(size_t(R * ldx)), h1(size_t(R * N1)), act(size_t(R * lda));
+
+  // Gather each expert's tokens (grouped order) as float rows.
+  {
+    const int64_t chunk = 16;
+    const char* in = static_cast<const char*>(t.input) + t0 * H * es;
+    maybe_parallel(par, (R + chunk - 1) / chunk, R * H, [&](size_t c) {
+      const int64_t p1 = std::min(R, int64_t(c) * chunk + chunk);
+      for (int64_t p = int64_t(c) * chunk; p < p1; ++p) {
+        const int64_t tok = routes.token[p];
+        float* dst = &xs[p * ldx];
+        if (dt == DType::F32) {
+          std::memcpy(dst, in + tok * H * 4, size_t(H) * 4);
+        } else {
+          for (int64_t h = 0; h < H; ++h) dst[h] = load_as_f32(in, tok * H + h, dt);
+        }
+      }
+    });
+  }
+
+  // Phase 1: gate/up GEMM, fc1/fc3 bias, activation -> act [R, I].
+  {
+    const std::vector<Item> items = make_items(routes, E, I, par.threads);
+    const char* fc1 = static_cast<const char*>(t.fc1_w);
+    const char* fc3 = static_cast<const char*>(t.fc3_w);
+    // Epilogue of an item: bias (per fc1/fc3 row), then the activation.
+    auto epilogue = [&](const Item& it) {
+      const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
+      const int64_t p0 = begin[e], M = begin[e + 1] - p0;
+      const float* Y = &h1[p0 * N1];
+      for (int64_t m = 0; m < M; ++m) {
+        const float* y = Y + m * N1;
+        float* a = &act[(p0 + m) * lda];
+        if (!gated) {
+          for (int64_t j = j0; j < j1; ++j) {
+            const float b = t.fc1_b ? load_as_f32(t.fc1_b, e * F1 + j, dt) : 0.0f;
+            a[j] = activate(at.activation, y[j] + b);
+          }
+          continue;
+        }
+        const bool inter = at.gate_layout == GateLayout::Interleaved;
+        for (int64_t j = j0; j < j1; ++j) {
+          const int64_t gi = inter ? 2 * j : j, ui = inter ? 2 * j + 1 : I + j;
+          float g = y[gi], u = y[ui];
+          if (t.fc1_b) g += load_as_f32(t.fc1_b, e * F1 + gi, dt);
+          if (at.gate_layout == GateLayout::Separate) {
+            if (t.fc3_b) u += load_as_f32(t.fc3_b, e * I + j, dt);
+          } else if (t.fc1_b) {
+            u += load_as_f32(t.fc1_b, e * F1 + ui, dt);
+          }
+          a[j] = activate_gated(at, g, u);
+        }
+      }
+    };
+    if (nr == nullptr) {
+      par.for_each(items.size(), [&](size_t i) {
+        const Item it = items[i];
+        const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
+        const int64_t p0 = begin[e], M = begin[e + 1] - p0;
+        const float* X = &xs[p0 * ldx];
+        float* Y = &h1[p0 * N1];
+        const void* w1 = fc1 + e * F1 * H * es;
+        if (!gated) {
+          gemm(w1, H, j0, j1, X, ldx, M, Y + j0, N1);
+        } else if (at.gate_layout == GateLayout::Interleaved) {
+          gemm(w1, H, 2 * j0, 2 * j1, X, ldx, M, Y + 2 * j0, N1);
+        } else if (at.gate_layout == GateLayout::Stacked) {
+          gemm(w1, H, j0, j1, X, ldx, M, Y + j0, N1);
+          gemm(w1, H, I + j0, I + j1, X, ldx, M, Y + I + j0, N1);
+        } else {
+          gemm(w1, H, j0, j1, X, ldx, M, Y + j0, N1);
+          gemm(fc3 + e * I * H * es, H, j0, j1, X, ldx, M, Y + I + j0, N1);
+        }
+        epilogue(it);
+      });
+    } else {
+      // (a) node partials: node 0 into h1, node n > 0 into part[n - 1].
+      const int nodes = nr->nodes;
+      std::vector<std::shared_ptr<const numa::SegmentTable>> tab1(static_cast<size_t>(E)), tab3(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) {
+        if (begin[e + 1] == begin[e]) continue;
+        tab1[e] = weight_table(*nr, fc1 + e * F1 * H * es, F1, H, dt);
+        if (gated && at.gate_layout == GateLayout::Separate) tab3[e] = weight_table(*nr, fc3 + e * I * H * es, I, H, dt);
+      }
+      const int64_t stride = R * N1;
+      std::vector<float> part(size_t((nodes - 1) * stride));
+      run_node_items(par, *nr, items.size(), [&](int node, size_t i, std::vector<float>& tmp) {
+        const Item it = items[i];
+        const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
+        const int64_t p0 = begin[e], M = begin[e + 1] - p0;
+        const float* X = &xs[p0 * ldx];
+        float* Y = (node == 0 ? h1.data() : &part[(node - 1) * stride]) + p0 * N1;
+        const void* w1 = fc1 + e * F1 * H * es;
+        const numa::SegmentTable& t1 = *tab1[e];
+        if (!gated) {
+          node_partial(t1, node, tier, dt, w1, H, j0, j1, X, ldx, M, Y + j0, N1, tmp);
+        } else if (at.gate_layout == GateLayout::Interleaved) {
+          node_partial(t1, node, tier, dt, w1, H, 2 * j0, 2 * j1, X, ldx, M, Y + 2 * j0, N1, tmp);
+        } else if (at.gate_layout == GateLayout::Stacked) {
+          node_partial(t1, node, tier, dt, w1, H, j0, j1, X, ldx, M, Y + j0, N1, tmp);
+          node_partial(t1, node, tier, dt, w1, H, I + j0, I + j1, X, ldx, M, Y + I + j0, N1, tmp);
+        } else {
+          node_partial(t1, node, tier, dt, w1, H, j0, j1, X, ldx, M, Y + j0, N1, tmp);
+          node_partial(*tab3[e], node, tier, dt, fc3 + e * I * H * es, H, j0, j1, X, ldx, M, Y + I + j0, N1, tmp);
+        }
+      });
+      // (b) reduction in node order, then the epilogue.
+      par.for_each(items.size(), [&](size_t i) {
+        const Item it = items[i];
+        const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
+        const int64_t p0 = begin[e], M = begin[e + 1] - p0;
+        float* Y = &h1[p0 * N1];
+        const float* Pp = part.data() + p0 * N1;
+        if (!gated) {
+          add_partials(Y, Pp, nodes, stride, M, N1, j0, j1);
+        } else if (at.gate_layout == GateLayout::Interleaved) {
+          add_partials(Y, Pp, nodes, stride, M, N1, 2 * j0, 2 * j1);
+        } else {
+          add_partials(Y, Pp, nodes, stride, M, N1, j0, j1);
+          add_partials(Y, Pp, nodes, stride, M, N1, I + j0, I + j1);
+        }
+        epilogue(it);
+      });
+    }
+  }
+
+  // Phase 2: down GEMM + fc2 bias -> per-route rows (into xs).
+  float* yr = xs.data();
+  {
+    const std::vector<Item> items = make_items(routes, E, H, par.threads);
+    const char* fc2 = static_cast<const char*>(t.fc2_w);
+    auto add_bias = [&](const Item& it) {
+      if (!t.fc2_b) return;
+      const int64_t e = it.expert, p0 = begin[e], M = begin[e + 1] - p0;
+      for (int64_t n = it.b0; n < it.b1; ++n) {
+        const float b = load_as_f32(t.fc2_b, e * H + n, dt);
+        for (int64_t m = 0; m < M; ++m) yr[(p0 + m) * H + n] += b;
+      }
+    };
+    if (nr == nullptr) {
+      par.for_each(items.size(), [&](size_t i) {
+        const Item it = items[i];
+        const int64_t e = it.expert, n0 = it.b0, n1 = it.b1;
+        const int64_t p0 = begin[e], M = begin[e + 1] - p0;
+        gemm(fc2 + e * H * I * es, I, n0, n1, &act[p0 * lda], lda, M, yr + p0 * H + n0, H);
+        add_bias(it);
+      });
+    } else {
+      const int nodes = nr->nodes;
+      std::vector<std::shared_ptr<const numa::SegmentTable>> tab2(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e)
+        if (begin[e + 1] > begin[e]) tab2[e] = weight_table(*nr, fc2 + e * H * I * es, H, I, dt);
+      const int64_t stride = R * H;
+      std::vector<float> part(size_t((nodes - 1) * stride));
+      run_node_items(par, *nr, items.size(), [&](int node, size_t i, std::vector<float>& tmp) {
+        const Item it = items[i];
+        const int64_t e = it.expert, n0 = it.b0, n1 = it.b1;
+        const int64_t p0 = begin[e], M = begin[e + 1] - p0;
+        float* Y = (node == 0 ? yr : &part[(node - 1) * stride]) + p0 * H;
+        node_partial(*tab2[e], node, tier, dt, fc2 + e * H * I * es, I, n0, n1, &act[p0 * lda], lda, M, Y + n0, H,
+                     tmp);
+      });
+      par.for_each(items.size(), [&](size_t i) {
+        const Item it = items[i];
+        const int64_t p0 = begin[it.expert], M = begin[it.expert + 1] - p0;
+        add_partials(yr + p0 * H, part.data() + p0 * H, nodes, stride, M, H, it.b0, it.b1);
+        add_bias(it);
+      });
+    }
+  }
+
+  return xs;
+}
+
+}  // namespace detail
+}  // namespace hinamoe

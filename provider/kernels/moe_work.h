@@ -1,0 +1,96 @@
+// Internal to the MoE driver: how its phases are cut into work items, and
+// the two ways of computing the per-route expert outputs (row-streaming
+// tiers, with optional NUMA partitioning; token-transforming AMX tiers).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "moe_ffn.h"
+#include "numa/plan_cache.h"
+#include "numa/topology.h"
+#include "routing.h"
+
+namespace hinamoe {
+namespace detail {
+// Serial below this many float elements: a parallel phase costs a few us.
+constexpr int64_t kParallelMinElems = int64_t(1) << 16;
+
+struct Item {
+  int32_t expert;
+  int32_t b0, b1;  // block [b0, b1) of j (phase 1) or of hidden rows (phase 2)
+};
+
+// Splits each active expert's `rows` into blocks (multiples of 8) so that the
+// items have about equal cost and there are >= ~8 per thread. Cost of an
+// expert is rows * (kStream + tokens): the weight stream is paid once, the
+// FMAs per token.
+inline std::vector<Item> make_items(const Routes& routes, int64_t experts, int64_t rows, int threads,
+                             int64_t align = 8) {
+  constexpr int64_t kStream = 4;
+  int64_t total = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t m = routes.expert_begin[e + 1] - routes.expert_begin[e];
+    if (m > 0) total += rows * (kStream + m);
+  }
+  // 8 per thread: dynamic scheduling then evens out threads slowed by other load.
+  const int64_t want_items = 8 * int64_t(std::max(threads, 1));
+  const double target = double(total) / double(want_items);
+  std::vector<Item> items;
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t m = routes.expert_begin[e + 1] - routes.expert_begin[e];
+    if (m == 0) continue;
+    int64_t nblk = threads <= 1 ? 1 : int64_t(double(rows * (kStream + m)) / target + 0.999);
+    nblk = std::max<int64_t>(1, nblk);
+    int64_t blk = (rows + nblk - 1) / nblk;
+    blk = (blk + align - 1) / align * align;
+    for (int64_t b = 0; b < rows; b += blk)
+      items.push_back({int32_t(e), int32_t(b), int32_t(std::min(rows, b + blk))});
+  }
+  return items;
+}
+
+// Row stride for float scratch: a multiple of 16 floats, nudged off multiples
+// of 2 KiB so the rows of a token tile do not share L1 sets (measured ~5% on
+// power-of-two hidden sizes).
+inline int64_t padded_ld(int64_t n) {
+  int64_t ld = (n + 15) / 16 * 16;
+  if (ld % 512 == 0) ld += 16;
+  return ld;
+}
+
+template <class F>
+void maybe_parallel(const Parallel& par, int64_t n, int64_t elems, F&& f) {
+  if (elems < kParallelMinElems || par.threads <= 1) {
+    for (int64_t i = 0; i < n; ++i) f(size_t(i));
+  } else {
+    par.for_each(size_t(n), f);
+  }
+}
+
+// The state of one partitioned moe_ffn call.
+struct NumaRun {
+  const numa::Topology* topo = nullptr;
+  numa::PlanCache* cache = nullptr;
+  int64_t page_size = 0;
+  int nodes = 1;
+  std::atomic<int64_t> phases{0}, items{0}, stolen{0};
+};
+
+// Row-streaming tiers (expert_rows.cc): per-route expert outputs y [R, H]
+// (float) from gemm_rows over the weight rows in place; with nr (more than
+// one NUMA node) every GEMM is split by node.
+std::vector<float> expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at, const MoETensors& t,
+                                       int64_t t0, const Routes& routes, const KernelTier& tier,
+                                       const Parallel& par, NumaRun* nr);
+
+// Token-transforming tiers (expert_blocks.cc, AMX): the same outputs from the
+// tier's per-expert gather / gate-up / down blocks. Returns "" or an error.
+std::string expert_outputs_blocks(const MoEShape& shape, const MoEAttrs& at, const MoETensors& t, int64_t t0,
+                                  const Routes& routes, const ExpertBlockKernels& kb, const Parallel& par,
+                                  std::vector<float>* y_out);
+
+}  // namespace detail
+}  // namespace hinamoe
