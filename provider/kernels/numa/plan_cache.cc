@@ -8,6 +8,10 @@
 namespace hinamoe {
 namespace numa {
 
+namespace {
+constexpr size_t kMaxPlans = 4096;
+}  // namespace
+
 std::shared_ptr<const SegmentTable> plan_for_weight(const Topology& topo, const void* W, int64_t rows, int64_t cols,
                                                     int elem_bits, int64_t page_size, std::string* error) {
   if (page_size <= 0) page_size = system_page_size();
@@ -63,6 +67,9 @@ std::shared_ptr<const SegmentTable> PlanCache::get(const Topology& topo, const v
   auto plan = plan_for_weight(topo, W, rows, cols, elem_bits, page_size, error);  // outside the lock
   if (!plan) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
+  // Weights fed as graph inputs arrive at a new address every run: bound the
+  // cache instead of growing it forever (a dropped plan is rebuilt on use).
+  if (plans_.size() >= kMaxPlans) plans_.clear();
   return plans_.emplace(key, std::move(plan)).first->second;  // a racing insert wins; same content
 }
 
