@@ -6,7 +6,7 @@
 #include "moe_ffn.h"
 #include "ref_moe.h"
 #include "test_util.h"
-#include "tiers_here.h"
+#include "moe_test_helpers.h"
 #include "thread_pool.h"
 
 using namespace hinamoe;
@@ -159,18 +159,10 @@ TEST(moe_ffn_skipped_routes_write_zeros) {
 }
 
 TEST(moe_ffn_nan_router_is_an_error) {
-  const int64_t T = 4, H = 16, I = 8, E = 4;
-  ht::Buf x = ht::random_buf(0, size_t(T * H), 1.0), lg = ht::random_buf(0, size_t(T * E), 1.0);
-  lg.val[2 * E + 1] = NAN;
-  ht::encode(lg);
-  ht::Buf w1 = ht::random_buf(0, size_t(E * I * H), 0.25), w2 = ht::random_buf(0, size_t(E * H * I), 0.25);
-  MoEShape s{T, H, I, E};
-  MoEAttrs a;
-  a.k = 2;
-  MoETensors t;
-  t.input = x.data(); t.router = lg.data(); t.fc1_w = w1.data(); t.fc2_w = w2.data();
-  std::vector<float> out(size_t(T * H));
-  t.output = out.data();
-  const std::string err = moe_ffn(s, a, t, ref_tier(), serial());
+  SmallMoE c(4, 16, 8, 4);
+  c.lg.val[2 * 4 + 1] = NAN;
+  ht::encode(c.lg);
+  c.t.router = c.lg.data();  // encode may have moved the bytes
+  const std::string err = moe_ffn(c.s, c.a, c.t, ref_tier(), serial());
   ht::check(err.find("token 2") != std::string::npos, "NaN router logit -> error naming token 2: " + err);
 }

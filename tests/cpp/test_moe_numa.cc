@@ -13,7 +13,7 @@
 #include "numa/topology.h"
 #include "ref_moe.h"
 #include "test_util.h"
-#include "tiers_here.h"
+#include "moe_test_helpers.h"
 #include "thread_pool.h"
 
 using namespace hinamoe;
@@ -175,16 +175,10 @@ TEST(moe_numa_system_pages_and_large_rows) {
 }
 
 TEST(moe_numa_one_node_makes_no_partitioned_calls) {
-  const int64_t T = 6, H = 40, I = 24, E = 4;
-  ht::Buf x = ht::random_buf(0, size_t(T * H), 1.0), lg = ht::random_buf(0, size_t(T * E), 1.0);
-  ht::Buf w1 = ht::random_buf(0, size_t(E * I * H), 0.25), w2 = ht::random_buf(0, size_t(E * H * I), 0.25);
-  MoEShape s{T, H, I, E};
-  MoEAttrs a;
-  a.k = 2;
-  MoETensors t;
-  t.input = x.data(); t.router = lg.data(); t.fc1_w = w1.data(); t.fc2_w = w2.data();
-  std::vector<float> out(size_t(T * H));
-  t.output = out.data();
+  SmallMoE c(6, 40, 24, 4);
+  const MoEShape& s = c.s;
+  const MoEAttrs& a = c.a;
+  const MoETensors& t = c.t;
   const std::unique_ptr<numa::Topology> sys = numa::select_topology("sysfs", nullptr);
   for (const KernelTier* tier : tiers_here()) {
     MoEStats st;

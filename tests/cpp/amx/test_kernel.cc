@@ -262,6 +262,16 @@ TEST(kernel_gather_from_f16_and_f32_inputs) {
   }
 }
 
+// M tokens of H elements, all `value`, gathered into the VNNI B layout.
+static std::vector<uint16_t> constant_tokens_vnni(int64_t H, int64_t M, float value) {
+  std::vector<float> x(size_t(M * H), value);
+  std::vector<int32_t> rows(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m) rows[size_t(m)] = int32_t(m);
+  std::vector<uint16_t> xv(size_t(amx_vnni_elems(H, M)));
+  amx_gather_vnni(x.data(), DType::F32, H, rows.data(), M, xv.data());
+  return xv;
+}
+
 TEST(kernel_uses_weights_in_place_and_streams) {
   auto& g = ht::rng();
   for (int64_t H : {64, 100}) {   // 100: a K tail (the one staged W edge)
@@ -269,11 +279,7 @@ TEST(kernel_uses_weights_in_place_and_streams) {
       MoEAttrs at; at.activation = Activation::SwiGLU; at.gate_layout = GateLayout::Stacked;
       const int64_t I = 40;
       const Expert e = make_expert(g, at, H, I, false);
-      std::vector<float> x(size_t(M * H), 0.5f);
-      std::vector<int32_t> rows(static_cast<size_t>(M));
-      for (int64_t m = 0; m < M; ++m) rows[size_t(m)] = int32_t(m);
-      std::vector<uint16_t> xv(size_t(amx_vnni_elems(H, M))), actv(size_t(amx_vnni_elems(I, M)));
-      amx_gather_vnni(x.data(), DType::F32, H, rows.data(), M, xv.data());
+      std::vector<uint16_t> xv = constant_tokens_vnni(H, M, 0.5f), actv(size_t(amx_vnni_elems(I, M)));
       TileEmulator emu;
       RecordingOps ops(emu);
       amx::gate_up_block(ops, at, H, I, e.w1.data(), nullptr, nullptr, nullptr, DType::BF16, xv.data(), M, 0, I,
@@ -322,11 +328,7 @@ TEST(kernel_tile_shapes_for_edges) {
   MoEAttrs at; at.activation = Activation::Relu;
   const int64_t H = 32, I = 40, M = 33;
   const Expert e = make_expert(g, at, H, I, false);
-  std::vector<float> x(size_t(M * H), 0.25f);
-  std::vector<int32_t> rows(static_cast<size_t>(M));
-  for (int64_t m = 0; m < M; ++m) rows[size_t(m)] = int32_t(m);
-  std::vector<uint16_t> xv(size_t(amx_vnni_elems(H, M))), actv(size_t(amx_vnni_elems(I, M)));
-  amx_gather_vnni(x.data(), DType::F32, H, rows.data(), M, xv.data());
+  std::vector<uint16_t> xv = constant_tokens_vnni(H, M, 0.25f), actv(size_t(amx_vnni_elems(I, M)));
   TileEmulator emu;
   RecordingOps ops(emu);
   amx::gate_up_block(ops, at, H, I, e.w1.data(), nullptr, nullptr, nullptr, DType::BF16, xv.data(), M, 0, I,
