@@ -1,0 +1,30 @@
+"""Applies the passes in order and collects the report."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import onnx
+import onnx_ir as ir
+
+from .report import FusionReport, PassReport, op_counts
+
+# (name, apply) in the order they run. Fusion passes add their entry here.
+PASSES: list[tuple[str, Callable[..., PassReport]]] = []
+
+
+def run_passes(model: onnx.ModelProto | ir.Model, *, only: list[str] | None = None,
+               **options) -> tuple[ir.Model, FusionReport]:
+    """Runs every pass (or those named in `only`) on `model`.
+
+    `options` are passed to the passes that accept them (e.g. dtype="bf16"
+    for the dtype pass). Returns the rewritten model and the report."""
+    if isinstance(model, onnx.ModelProto):
+        model = ir.serde.deserialize_model(model)
+    report = FusionReport(ops_before=op_counts(model.graph))
+    for name, apply in PASSES:
+        if only is not None and name not in only:
+            continue
+        report.passes.append(apply(model, **options))
+    report.ops_after = op_counts(model.graph)
+    return model, report
