@@ -272,11 +272,13 @@ void down_block(Ops& ops, int64_t H, int64_t I, const uint16_t* fc2_w, const voi
 // (paper §5.3, Algorithm 2), tokens tok in the VNNI layout (K, M):
 //   P[(r - r0)*ldp + m] = sum over the node's segments (r, k0, k1) of
 //                         sum_{k in [k0, k1)} W[r*K + k] * tok(k, m)
-// for m < M; rows without a local segment get 0. Rows r, r + Tx, ... (Tx =
-// the table's period) have the segments of period row r mod Tx, so each
-// residue class present in [r0, r1) is one A operand with row stride Tx*K,
-// cut into panels of 32 rows; all of a row's segments accumulate in the
-// tiles before one store.
+// for m < M; rows without a local segment get 0. Tile rows are rows with
+// the same segments: in a periodic table, rows r, r + Tx, ... (Tx = the
+// period) have the segments of period row r mod Tx, so each residue class
+// present in [r0, r1) is one A operand with row stride Tx*K; in a page-map
+// table (any placement), runs of consecutive rows with equal segments (row
+// stride K). Either is cut into panels of up to 32 rows; all of a row's
+// segments accumulate in the tiles before one store.
 template <class Ops>
 void node_partial(Ops& ops, const numa::SegmentTable& tb, int node, const uint16_t* W, int64_t K, int64_t r0,
                   int64_t r1, const uint16_t* tok, int64_t M, float* P, int64_t ldp) {
@@ -288,29 +290,61 @@ void node_partial(Ops& ops, const numa::SegmentTable& tb, int node, const uint16
   alignas(64) float C[32 * kAccLd];
   const int64_t nmb = (M + 31) / 32;
   int64_t panel = 0;
-  for (int64_t r = r0; r < std::min(r1, r0 + Tx); ++r) {
+  // Segments [s0, s1) of segments[node] that row r uses.
+  auto segs_of = [&](int64_t r, int64_t* s0, int64_t* s1) {
     const int64_t rho = r % Tx;
-    const int64_t s0 = have ? tb.row_begin[size_t(node)][size_t(rho)] : 0;
-    const int64_t s1 = have ? tb.row_begin[size_t(node)][size_t(rho) + 1] : 0;
-    const int64_t cnt = (r1 - r + Tx - 1) / Tx;  // rows r + i*Tx < r1
+    *s0 = have ? tb.row_begin[size_t(node)][size_t(rho)] : 0;
+    *s1 = have ? tb.row_begin[size_t(node)][size_t(rho) + 1] : 0;
+  };
+  // Rows r, r + step, ... (cnt <= 32 of them) over segments [s0, s1).
+  auto rows_panel = [&](int64_t r, int64_t step, int cnt, int64_t s0, int64_t s1) {
     if (s1 == s0) {
-      for (int64_t i = 0; i < cnt; ++i) std::fill(P + (r + i * Tx - r0) * ldp, P + (r + i * Tx - r0) * ldp + M, 0.0f);
-      continue;
+      for (int i = 0; i < cnt; ++i) std::fill(P + (r + i * step - r0) * ldp, P + (r + i * step - r0) * ldp + M, 0.0f);
+      return;
     }
+    const int ra0 = std::min(cnt, 16), ra1 = cnt - ra0;
+    const uint16_t* A0 = W + r * K;
+    const uint16_t* A1 = ra1 ? A0 + 16 * step * K : A0;
     const numa::Segment* segs = &tb.segments[size_t(node)][size_t(s0)];
-    for (int64_t i0 = 0; i0 < cnt; i0 += 32, ++panel) {
-      const int ra = int(std::min<int64_t>(32, cnt - i0));
-      const int ra0 = std::min(ra, 16), ra1 = ra - ra0;
-      const uint16_t* A0 = W + (r + i0 * Tx) * K;
-      const uint16_t* A1 = ra1 ? A0 + 16 * Tx * K : A0;
-      for (int64_t ib = 0; ib < nmb; ++ib) {
-        const int64_t mb = 32 * zigzag<Ops>(ib, nmb, panel);
-        const int mt = int(std::min<int64_t>(32, M - mb));
-        mk.run_segments(A0, ra0, A1, ra1, Tx * K, segs, s1 - s0, tok, M, mb, mt, stream, C);
-        for (int q = 0; q < ra; ++q)
-          std::memcpy(P + (r + (i0 + q) * Tx - r0) * ldp + mb, C + q * kAccLd, size_t(mt) * sizeof(float));
-      }
+    for (int64_t ib = 0; ib < nmb; ++ib) {
+      const int64_t mb = 32 * zigzag<Ops>(ib, nmb, panel);
+      const int mt = int(std::min<int64_t>(32, M - mb));
+      mk.run_segments(A0, ra0, A1, ra1, step * K, segs, s1 - s0, tok, M, mb, mt, stream, C);
+      for (int q = 0; q < cnt; ++q)
+        std::memcpy(P + (r + q * step - r0) * ldp + mb, C + q * kAccLd, size_t(mt) * sizeof(float));
     }
+    ++panel;
+  };
+  if (tb.periodic) {
+    for (int64_t r = r0; r < std::min(r1, r0 + Tx); ++r) {
+      int64_t s0, s1;
+      segs_of(r, &s0, &s1);
+      const int64_t cnt = (r1 - r + Tx - 1) / Tx;  // rows r + i*Tx < r1
+      for (int64_t i0 = 0; i0 < cnt; i0 += 32)
+        rows_panel(r + i0 * Tx, Tx, int(std::min<int64_t>(32, cnt - i0)), s0, s1);
+    }
+    return;
+  }
+  const std::vector<numa::Segment>* segv = have ? &tb.segments[size_t(node)] : nullptr;
+  auto same = [&](int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
+    if (a1 - a0 != b1 - b0) return false;
+    for (int64_t i = 0; i < a1 - a0; ++i) {
+      const numa::Segment &x = (*segv)[size_t(a0 + i)], &y = (*segv)[size_t(b0 + i)];
+      if (x.k_start != y.k_start || x.k_end != y.k_end) return false;
+    }
+    return true;
+  };
+  for (int64_t r = r0; r < r1;) {
+    int64_t s0, s1, t0, t1;
+    segs_of(r, &s0, &s1);
+    int cnt = 1;
+    while (cnt < 32 && r + cnt < r1) {
+      segs_of(r + cnt, &t0, &t1);
+      if (!same(s0, s1, t0, t1)) break;
+      ++cnt;
+    }
+    rows_panel(r, 1, cnt, s0, s1);
+    r += cnt;
   }
 }
 

@@ -1,8 +1,9 @@
 // The NUMA-partitioned AMX bf16 path (paper §5.3, Algorithm 2) on the tile
 // emulator: one node's partial over its local segments equals a float64 sum
 // over the elements a brute-force page map puts on that node (interleaved
-// and arbitrary placements, segment ends off the 32-element k-blocks, rows
-// r, r + Tx, ... sharing tiles, 1..70 tokens); tokens outside a node's
+// placement, random pages, runs of pages on one node; segment ends off the
+// 32-element k-blocks; rows r, r + Tx, ... or runs of rows sharing tiles;
+// 1..70 tokens); tokens outside a node's
 // segments never reach its sums (inf there stays out); the MoE driver runs
 // the partitioned phases for amx-emu bf16 under fake topologies and not on
 // one node.
@@ -46,7 +47,9 @@ struct Case {
   std::vector<uint16_t> xv;  // x in the VNNI layout
 };
 
-bool make_case(Case* c, int nodes, bool page_map) {
+// placement: 0 interleaved; 1 every page on a random node; 2 runs of 1..16
+// pages on one node (bound or first-touch memory: whole rows share a node).
+bool make_case(Case* c, int nodes, int placement) {
   c->N = ht::randint(1, 80);
   c->K = ht::randint(1, 300);
   c->M = std::vector<int64_t>{1, 3, 16, 17, 32, 33, 70}[size_t(ht::randint(0, 6))];
@@ -57,9 +60,13 @@ bool make_case(Case* c, int nodes, bool page_map) {
   m.nodes = nodes;
   m.first_node = int(ht::randint(0, nodes - 1));
   std::string err;
-  if (page_map) {
+  if (placement != 0) {
     m.page_nodes.resize(size_t(numa::pages_spanned(c->N, c->K, 16, m.P, m.offset)));
-    for (int& n : m.page_nodes) n = int(ht::randint(0, nodes - 1));
+    for (size_t p = 0; p < m.page_nodes.size();) {
+      const size_t run = placement == 1 ? 1 : size_t(ht::randint(1, 16));
+      const int n = int(ht::randint(0, nodes - 1));
+      for (size_t q = 0; q < run && p < m.page_nodes.size(); ++q) m.page_nodes[p++] = n;
+    }
     err = numa::build_page_map_table(c->N, c->K, 16, nodes, m.P, m.offset, m.page_nodes, &c->table);
   } else {
     err = numa::build_interleaved_table(c->N, c->K, 16, nodes, m.P, m.offset, m.first_node, &c->table);
@@ -115,7 +122,7 @@ TEST(amx_node_partial_matches_page_map_reference) {
   for (int rep = 0; rep < 36; ++rep) {
     const int nodes = 2 << (rep % 3);
     Case c;
-    if (!make_case(&c, nodes, rep % 4 == 3)) continue;
+    if (!make_case(&c, nodes, rep % 4 == 3 ? 1 : rep % 4 == 2 ? 2 : 0)) continue;
     const int64_t r0 = ht::randint(0, c.N - 1), r1 = ht::randint(r0 + 1, c.N);
     const int64_t ldp = c.M + ht::randint(0, 3);
     std::vector<float> sum(size_t((r1 - r0) * ldp), 0.0f);
