@@ -3,10 +3,9 @@
 // over the elements a brute-force page map puts on that node (interleaved
 // placement, random pages, runs of pages on one node; segment ends off the
 // 32-element k-blocks; rows r, r + Tx, ... or runs of rows sharing tiles;
-// 1..70 tokens); tokens outside a node's
-// segments never reach its sums (inf there stays out); the MoE driver runs
-// the partitioned phases for amx-emu bf16 under fake topologies and not on
-// one node.
+// 1..70 tokens); tokens outside a node's segments never reach its sums (inf
+// there stays out); the MoE driver runs the partitioned phases for amx-emu
+// bf16 under fake topologies and not on one node.
 #include <algorithm>
 #include <cmath>
 #include <limits>
