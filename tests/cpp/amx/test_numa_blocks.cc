@@ -5,13 +5,15 @@
 // 32-element k-blocks; rows r, r + Tx, ... or runs of rows sharing tiles;
 // 1..70 tokens); tokens outside a node's segments never reach its sums (inf
 // there stays out); the MoE driver runs the partitioned phases for amx-emu
-// bf16 under fake topologies and not on one node.
+// bf16 under fake topologies and not on one node; on a one-node table the
+// partials + epilogues equal the plain blocks bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
 #include <vector>
 
+#include "amx/block_epilogue.h"
 #include "amx/hina_microkernel.h"
 #include "moe_ffn.h"
 #include "numa/plan_cache.h"
@@ -276,6 +278,65 @@ TEST(amx_emu_bf16_moe_runs_partitioned_phases) {
       CHECK_MSG(diff(part, want) <= tol && diff(part, plain_v) <= tol,
                 "fake:" << nodes << " page " << page << ": vs reference " << diff(part, want) << ", vs unpartitioned "
                         << diff(part, plain_v) << ", tol " << tol);
+    }
+  }
+}
+
+TEST(amx_partials_on_a_one_node_table_equal_the_plain_blocks) {
+  // With the whole weight on node 0, node_partial + the finishes must give
+  // exactly what the one-node blocks give (same k-block order per output):
+  // gate/up activations bit for bit in the VNNI layout, and down rows with
+  // the routing weight and accumulation into existing values.
+  const Activation acts[] = {Activation::Relu, Activation::Gelu, Activation::Silu, Activation::Identity,
+                             Activation::Relu2, Activation::SwiGLU, Activation::GeGLU};
+  int n = 0;
+  for (Activation act : acts) {
+    const bool gated = is_gated(act);
+    for (int layout = 0; layout < (gated ? 3 : 1); ++layout, ++n) {
+      const int64_t H = ht::randint(1, 140), I = ht::randint(1, 90), M = ht::randint(1, 70);
+      MoEAttrs at;
+      at.activation = act;
+      at.gate_layout = GateLayout(layout);
+      at.alpha = 1.702f;
+      at.beta = 1.0f;
+      at.limit = 7.0f;
+      const bool sep = gated && layout == 0;
+      const int64_t F1 = gated && !sep ? 2 * I : I;
+      ht::Buf w1 = ht::random_buf(2, size_t(F1 * H), 0.25), w2 = ht::random_buf(2, size_t(H * I), 0.25);
+      ht::Buf w3 = sep ? ht::random_buf(2, size_t(I * H), 0.25) : ht::Buf{};
+      ht::Buf b1 = ht::random_buf(2, size_t(F1), 0.5), b2 = ht::random_buf(2, size_t(H), 0.5);
+      ht::Buf b3 = sep ? ht::random_buf(2, size_t(I), 0.5) : ht::Buf{};
+      ht::Buf x = ht::random_buf(2, size_t(M * H), 1.0);
+      std::vector<int32_t> rows(static_cast<size_t>(M));
+      for (int64_t i = 0; i < M; ++i) rows[size_t(i)] = int32_t(i);
+      std::vector<uint16_t> xv(static_cast<size_t>(amx_vnni_elems(H, M)));
+      amx_gather_vnni(x.data(), DType::BF16, H, rows.data(), M, xv.data());
+      auto u16 = [](const ht::Buf& b) { return static_cast<const uint16_t*>(b.data()); };
+
+      std::vector<uint16_t> act_plain(size_t(amx_vnni_elems(I, M)), 0xffff), act_part(act_plain);
+      amx_gate_up_block_emu(at, H, I, u16(w1), b1.data(), u16(w3), b3.data(), DType::BF16, xv.data(), M, 0, I,
+                            act_plain.data());
+      const numa::SegmentTable t1 = numa::single_node_table(F1, H, 16), t3 = numa::single_node_table(I, H, 16);
+      std::vector<float> h(size_t((gated ? 2 * I : I) * M), std::numeric_limits<float>::quiet_NaN());
+      amx_node_partial_emu(t1, 0, u16(w1), H, 0, F1, xv.data(), M, h.data(), M);
+      if (sep) amx_node_partial_emu(t3, 0, u16(w3), H, 0, I, xv.data(), M, h.data() + I * M, M);
+      amx::amx_gate_up_finish(at, I, b1.data(), b3.data(), DType::BF16, h.data(), M, 0, I, act_part.data());
+      CHECK_MSG(act_plain == act_part, "gate/up act=" << int(act) << " layout=" << layout << " H=" << H << " I=" << I
+                                                      << " M=" << M << ": activations differ");
+
+      std::vector<float> rw(static_cast<size_t>(M)), y_plain(static_cast<size_t>(M * (H + 3))), y_part;
+      for (auto& v : rw) v = float(ht::uniform(0.1, 1.0));
+      for (auto& v : y_plain) v = float(ht::uniform(-1, 1));
+      y_part = y_plain;
+      const bool accumulate = n % 2 == 0;
+      amx_down_block_emu(H, I, u16(w2), b2.data(), DType::BF16, act_plain.data(), M, 0, H, rw.data(), accumulate,
+                         y_plain.data(), H + 3);
+      const numa::SegmentTable t2 = numa::single_node_table(H, I, 16);
+      std::vector<float> acc(size_t(H * M), std::numeric_limits<float>::quiet_NaN());
+      amx_node_partial_emu(t2, 0, u16(w2), I, 0, H, act_plain.data(), M, acc.data(), M);
+      amx::amx_down_finish(b2.data(), DType::BF16, acc.data(), M, 0, H, rw.data(), accumulate, y_part.data(), H + 3);
+      CHECK_MSG(y_plain == y_part, "down H=" << H << " I=" << I << " M=" << M << " accumulate=" << accumulate
+                                             << ": rows differ");
     }
   }
 }
