@@ -55,11 +55,13 @@ def random_config(rng: np.random.Generator, activation: str, fusion: int, dtype:
 
 def check_ep_against_reference(cfg: MoEConfig, isa: str, rng: np.random.Generator,
                                tokens: list[int], threads: int = 1, what: str = "",
-                               factor: float = 1.0, weights=None) -> list[float]:
-    """Build ``cfg``, run it on HinaMoE (CPU fallback disabled) for each token
-    count and compare to the float64 reference. Returns the error ratios."""
+                               factor: float = 1.0, weights=None,
+                               extra_options: dict | None = None) -> list[float]:
+    """Build ``cfg``, run it on HinaMoE (CPU fallback disabled; provider
+    options ``isa`` plus ``extra_options``) for each token count and compare
+    to the float64 reference. Returns the error ratios."""
     model, w = build_moe_model(cfg, rng=rng, weights=weights)
-    sess = hina_session(model, isa=isa, threads=threads)
+    sess = hina_session(model, isa=isa, threads=threads, extra_options=extra_options)
     assert sess.get_providers()[0] == "HinaMoE", sess.get_providers()
     feeds = weight_feeds(cfg, w) if cfg.weights_as_inputs else None
     w64 = weights_f64(w)

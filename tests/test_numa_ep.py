@@ -1,6 +1,7 @@
 """NUMA partitioning through the EP: simulated 2/4/8-node topologies give the
-reference result, this machine's topology is read from sysfs, and a run
-under `numactl --interleave=all` is correct."""
+reference result (every tier; the AMX bf16 block path on the tile emulator
+with rows that pages split mid-row), this machine's topology is read from
+sysfs, and a run under `numactl --interleave=all` is correct."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import hinamoe
 from conftest import error_text, hina_session, require_isa
 from hinamoe.models import MoEConfig, build_moe_model, random_input, random_logits, run_moe
-from moe_cases import ACT_FUSION_IDS, ACT_FUSIONS, DTYPES, random_config
+from moe_cases import ACT_FUSION_IDS, ACT_FUSIONS, DTYPES, check_ep_against_reference, random_config
 from moe_reference import check_close, reference_for
 
 
@@ -32,6 +33,22 @@ def test_fake_topologies_match_reference(nodes, dtype, isa, rng, seed):
         x, lg = random_input(cfg, t, rng), random_logits(cfg, t, rng)
         check_close(run_moe(sess, x, lg), reference_for(cfg, x, lg, w), dtype,
                     f"seed {seed} numa=fake:{nodes} isa={isa} T={t} [{cfg.describe()}]")
+
+
+@pytest.mark.parametrize("nodes", [2, 4, 8])
+@pytest.mark.parametrize("act,fusion", ACT_FUSIONS, ids=ACT_FUSION_IDS)
+def test_amx_emu_bf16_partitioned_matches_reference(nodes, act, fusion, rng, seed):
+    """isa=amx-emu, bf16: the AMX block path split by node (paper Algorithm 2,
+    on the tile emulator). Rows of 2*hidden or 2*inter bytes are not whole
+    4 KiB pages, so page boundaries (segment ends) fall mid-row and, with the
+    initializers' arbitrary alignment, off the 32-element k-blocks; up to 40
+    tokens give experts more than one 32-token block."""
+    require_isa("amx-emu")
+    e = int(rng.choice([2, 3, 4, 8]))
+    cfg = random_config(rng, act, fusion, "bfloat16", hidden=int(rng.choice([520, 1000, 1536])),
+                        inter=int(rng.choice([40, 72, 150])), experts=e, k=int(rng.integers(1, e + 1)))
+    check_ep_against_reference(cfg, "amx-emu", rng, [1, int(rng.integers(2, 41))], threads=2,
+                               what=f"seed {seed} numa=fake:{nodes}", extra_options={"numa": f"fake:{nodes}"})
 
 
 def test_this_machine_topology():

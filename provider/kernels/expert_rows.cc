@@ -21,25 +21,6 @@ namespace hinamoe {
 namespace detail {
 namespace {
 
-// Everything on node 0: the table used when a weight has no plan (cannot
-// happen for valid shapes; kept so a planning failure costs locality only).
-std::shared_ptr<const numa::SegmentTable> node0_table(int64_t rows, int64_t cols, int bits, int nodes) {
-  auto t = std::make_shared<numa::SegmentTable>(numa::single_node_table(rows, cols, bits));
-  t->nodes = nodes;
-  t->segments.resize(size_t(nodes));
-  t->row_begin.resize(size_t(nodes), std::vector<int64_t>{0, 0});
-  return t;
-}
-
-std::shared_ptr<const numa::SegmentTable> weight_table(NumaRun& nr, const void* W, int64_t rows, int64_t cols,
-                                                       DType dt) {
-  const int bits = int(dtype_size(dt)) * 8;
-  std::string err;
-  auto t = nr.cache->get(*nr.topo, W, rows, cols, bits, nr.page_size, &err);
-  if (!t || t->nodes != nr.nodes || t->rows != rows || t->cols != cols) return node0_table(rows, cols, bits, nr.nodes);
-  return t;
-}
-
 // One node's partial of rows [r0, r1) of W [*, K]:
 //   P[m*ldp + (r - r0)] = sum over the node's segments (r, k0, k1) of
 //                         sum_{k in [k0, k1)} W[r*K + k] * X[m*ldx + k]
@@ -95,49 +76,6 @@ void node_partial(const numa::SegmentTable& tb, int node, const KernelTier& tier
           for (int64_t i = 0; i < cnt; ++i) p[i * Tx] += q[i];
         }
       }
-    }
-  }
-}
-
-// Runs fn(node, item) for every node and item in [0, n_items): par.threads
-// workers each start on the node they run on (topology->current_node()),
-// claim that node's items, then steal the other nodes' in ring order, so
-// every node's share is done even where no worker sits on it.
-template <class F>
-void run_node_items(const Parallel& par, NumaRun& nr, size_t n_items, F&& fn) {
-  struct alignas(64) Counter {
-    std::atomic<size_t> next{0};
-  };
-  std::vector<Counter> queue(size_t(nr.nodes));
-  par.for_each(size_t(std::max(par.threads, 1)), [&](size_t) {
-    const int home = nr.topo->current_node() % nr.nodes;
-    int64_t done = 0, stolen = 0;
-    std::vector<float> tmp;
-    for (int d = 0; d < nr.nodes; ++d) {
-      const int node = (home + d) % nr.nodes;
-      for (;;) {
-        const size_t i = queue[size_t(node)].next.fetch_add(1, std::memory_order_relaxed);
-        if (i >= n_items) break;
-        fn(node, i, tmp);
-        ++done;
-        stolen += d != 0;
-      }
-    }
-    nr.items.fetch_add(done, std::memory_order_relaxed);
-    nr.stolen.fetch_add(stolen, std::memory_order_relaxed);
-  });
-  nr.phases.fetch_add(1, std::memory_order_relaxed);
-}
-
-// dst[m*ld + c] += sum_{node=1..nodes-1} part[(node-1)*node_stride + m*ld + c] for c in [c0, c1).
-void add_partials(float* dst, const float* part, int nodes, int64_t node_stride, int64_t M, int64_t ld, int64_t c0,
-                  int64_t c1) {
-  for (int n = 1; n < nodes; ++n) {
-    const float* p = part + (n - 1) * node_stride;
-    for (int64_t m = 0; m < M; ++m) {
-      float* d = dst + m * ld;
-      const float* q = p + m * ld;
-      for (int64_t c = c0; c < c1; ++c) d[c] += q[c];
     }
   }
 }

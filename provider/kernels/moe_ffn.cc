@@ -59,7 +59,7 @@ std::string run_chunk(const MoEShape& shape, const MoEAttrs& at, const MoETensor
   // Per-route expert outputs y [R, H] (float), then the weighted combine.
   std::vector<float> y;
   if (tier.bf16_blocks != nullptr && dt == DType::BF16) {
-    err = expert_outputs_blocks(shape, at, t, t0, routes, *tier.bf16_blocks, par, &y);
+    err = expert_outputs_blocks(shape, at, t, t0, routes, *tier.bf16_blocks, par, nr, &y);
     if (!err.empty()) return err;
   } else {
     y = expert_outputs_rows(shape, at, t, t0, routes, tier, par, nr);
@@ -145,10 +145,9 @@ std::string moe_ffn(const MoEShape& shape, const MoEAttrs& attrs, const MoETenso
   const int64_t N1 = is_gated(attrs.activation) ? 2 * shape.inter : shape.inter;
   int64_t route_bytes = (shape.hidden + N1 + shape.inter + 48) * int64_t(sizeof(float));
 
-  // NUMA: partition only with > 1 node and on the row-streaming path.
+  // NUMA: partition only with > 1 node (one node: this branch, nothing else).
   std::unique_ptr<NumaRun> nr;
-  const bool blocks = tier.bf16_blocks != nullptr && t.dtype == DType::BF16;
-  if (opt.topology != nullptr && opt.topology->num_nodes() > 1 && !blocks) {
+  if (opt.topology != nullptr && opt.topology->num_nodes() > 1) {
     if (opt.page_size < 0 || opt.page_size % 4 != 0)
       return "NUMA page size " + std::to_string(opt.page_size) + " is not a non-negative multiple of 4";
     static numa::PlanCache* const process_plans = new numa::PlanCache();  // never destroyed: used at exit

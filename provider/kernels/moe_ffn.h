@@ -86,12 +86,14 @@ struct MoEStats {
 struct MoEOptions {
   // The NUMA topology (numa/topology.h, e.g. from numa::select_topology):
   // null or one node = the plain path (one branch, nothing else). With more
-  // nodes, every row-streaming weight GEMM (every dtype of ref/avx2, and the
-  // f32/f16 weights of the AMX tiers) is split by node: a worker computes,
-  // preferably for the node it runs on (topology->current_node()), partial
-  // sums over that node's local segments of each expert weight; the partials
-  // are added in node order before bias/activation. The AMX bf16 block path
-  // is not partitioned. The topology must outlive the call.
+  // nodes, every weight GEMM of every tier and dtype is split by node: a
+  // worker computes, preferably for the node it runs on
+  // (topology->current_node()), partial sums over that node's local segments
+  // of each expert weight; the partials are added in node order before
+  // bias/activation. The AMX tiers' bf16 blocks do the same with the tile
+  // micro-kernel (ExpertBlockKernels::node_partial, paper Algorithm 2) and
+  // run their fused epilogues (activation into the VNNI layout, down bias)
+  // once on the sums. The topology must outlive the call.
   const numa::Topology* topology = nullptr;
   // Where segment tables are cached (one per expert weight, keyed by
   // topology, address and shape; see numa/plan_cache.h). Null = a

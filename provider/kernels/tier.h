@@ -27,6 +27,9 @@ using GemmRowsStridedFn = void (*)(const void* W, int64_t ldw, int64_t K, int64_
                                    const float* X, int64_t ldx, int64_t M, float* Y, int64_t ldy);
 
 struct MoEAttrs;
+namespace numa {
+struct SegmentTable;
+}  // namespace numa
 
 // Token-transforming expert kernels (the AMX tiers, paper §4): weights stay
 // in place as the A operand; the tokens of an expert are gathered once into
@@ -43,6 +46,17 @@ struct ExpertBlockKernels {
                const uint16_t* actv, int64_t M, int64_t h0, int64_t h1, const float* route_weight,
                bool accumulate, float* y, int64_t ldy);
   int64_t row_block;  // blocks of j and h are multiples of this (tile rows)
+  // NUMA-partitioned execution (more than one node): one node's partial
+  // sums P[(r - r0)*ldp + m] of rows [r0, r1) of W [*, K] over the node's
+  // local segments of `table` (tokens tok: VNNI, K x M); then, on the
+  // node-order sums laid out as rows [row][M], the epilogues of gate_up
+  // (h: fc1 rows, Separate fc3 rows at I + j) and of down (acc: rows [H][M]).
+  void (*node_partial)(const numa::SegmentTable& table, int node, const uint16_t* W, int64_t K, int64_t r0,
+                       int64_t r1, const uint16_t* tok, int64_t M, float* P, int64_t ldp);
+  void (*gate_up_finish)(const MoEAttrs& attrs, int64_t I, const void* fc1_b, const void* fc3_b, DType bias_dtype,
+                         const float* h, int64_t M, int64_t j0, int64_t j1, uint16_t* actv);
+  void (*down_finish)(const void* fc2_b, DType bias_dtype, const float* acc, int64_t M, int64_t h0, int64_t h1,
+                      const float* route_weight, bool accumulate, float* y, int64_t ldy);
 };
 
 struct KernelTier {

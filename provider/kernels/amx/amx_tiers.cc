@@ -2,6 +2,7 @@
 // tiles or the emulator); f32/f16 weights, which AMX BF16 cannot take in
 // place, use the best row-streaming tier this CPU has.
 #include "../tier.h"
+#include "block_epilogue.h"
 #include "hina_microkernel.h"
 
 namespace hinamoe {
@@ -20,15 +21,17 @@ constexpr int64_t kTileRows = 32;  // two 16-row weight tiles per micro-kernel s
 }  // namespace
 
 const KernelTier& amx_tier() {
-  static const ExpertBlockKernels blocks{amx_vnni_elems, amx_gather_vnni, amx_gate_up_block_amx,
-                                         amx_down_block_amx, kTileRows};
+  static const ExpertBlockKernels blocks{amx_vnni_elems,       amx_gather_vnni,         amx_gate_up_block_amx,
+                                         amx_down_block_amx,   kTileRows,               amx_node_partial_amx,
+                                         amx::amx_gate_up_finish, amx::amx_down_finish};
   static const KernelTier tier = make_tier("amx", &blocks);
   return tier;
 }
 
 const KernelTier& amx_emu_tier() {
-  static const ExpertBlockKernels blocks{amx_vnni_elems, amx_gather_vnni, amx_gate_up_block_emu,
-                                         amx_down_block_emu, kTileRows};
+  static const ExpertBlockKernels blocks{amx_vnni_elems,       amx_gather_vnni,         amx_gate_up_block_emu,
+                                         amx_down_block_emu,   kTileRows,               amx_node_partial_emu,
+                                         amx::amx_gate_up_finish, amx::amx_down_finish};
   static const KernelTier tier = make_tier("amx-emu", &blocks);
   return tier;
 }

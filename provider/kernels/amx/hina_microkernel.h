@@ -19,6 +19,7 @@
 
 #include "../dtype.h"
 #include "../moe_ffn.h"
+#include "../numa/segment_table.h"
 #include "amx_layout.h"
 
 namespace hinamoe {
@@ -61,5 +62,20 @@ void amx_down_block_emu(int64_t H, int64_t I, const uint16_t* fc2_w, const void*
 void amx_down_block_amx(int64_t H, int64_t I, const uint16_t* fc2_w, const void* fc2_b, DType bias_dtype,
                         const uint16_t* actv, int64_t M, int64_t h0, int64_t h1, const float* route_weight,
                         bool accumulate, float* y, int64_t ldy);
+
+// NUMA (paper §5.3, Algorithm 2): one node's partial sums of rows [r0, r1)
+// of a bf16 weight W [*, K] over the node's local segments of `table` (the
+// weight's segment table, numa/segment_table.h), tokens tok in the VNNI
+// layout (K, M):
+//   P[(r - r0)*ldp + m] = sum over the node's segments (r, k0, k1) of
+//                         sum_{k in [k0, k1)} W[r*K + k] * tok(k, m)
+// for m < M (0 for rows with no local segment). Segment ends need not be
+// multiples of 32 (or even 2): partly covered k-blocks are staged with zeros
+// outside the segment. The sums of all nodes' partials (node order) go to
+// amx::amx_gate_up_finish / amx_down_finish (block_epilogue.h).
+void amx_node_partial_emu(const numa::SegmentTable& table, int node, const uint16_t* W, int64_t K, int64_t r0,
+                          int64_t r1, const uint16_t* tok, int64_t M, float* P, int64_t ldp);
+void amx_node_partial_amx(const numa::SegmentTable& table, int node, const uint16_t* W, int64_t K, int64_t r0,
+                          int64_t r1, const uint16_t* tok, int64_t M, float* P, int64_t ldp);
 
 }  // namespace hinamoe

@@ -11,7 +11,9 @@
 #include <cstring>
 
 #include "../activation.h"
+#include "../numa/segment_table.h"
 #include "amx_layout.h"
+#include "block_epilogue.h"
 #include "hina_microkernel.h"
 #include "tile_ops.h"
 
@@ -36,6 +38,13 @@ void amx_down_block_amx(int64_t H, int64_t I, const uint16_t* fc2_w, const void*
                         bool accumulate, float* y, int64_t ldy) {
   amx::AmxTileOps ops;
   amx::down_block(ops, H, I, fc2_w, fc2_b, bias_dtype, actv, M, h0, h1, route_weight, accumulate, y, ldy);
+  ops.release();
+}
+
+void amx_node_partial_amx(const numa::SegmentTable& table, int node, const uint16_t* W, int64_t K, int64_t r0,
+                          int64_t r1, const uint16_t* tok, int64_t M, float* P, int64_t ldp) {
+  amx::AmxTileOps ops;
+  amx::node_partial(ops, table, node, W, K, r0, r1, tok, M, P, ldp);
   ops.release();
 }
 

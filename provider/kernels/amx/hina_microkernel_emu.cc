@@ -23,4 +23,12 @@ void amx_down_block_emu(int64_t H, int64_t I, const uint16_t* fc2_w, const void*
   ops.release();
 }
 
+void amx_node_partial_emu(const numa::SegmentTable& table, int node, const uint16_t* W, int64_t K, int64_t r0,
+                          int64_t r1, const uint16_t* tok, int64_t M, float* P, int64_t ldp) {
+  amx::TileEmulator emu;
+  amx::EmuTileOps ops(emu);
+  amx::node_partial(ops, table, node, W, K, r0, r1, tok, M, P, ldp);
+  ops.release();
+}
+
 }  // namespace hinamoe

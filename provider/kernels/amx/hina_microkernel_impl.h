@@ -15,7 +15,9 @@
 #include <cstring>
 
 #include "../activation.h"
+#include "../numa/segment_table.h"
 #include "amx_layout.h"
+#include "block_epilogue.h"
 #include "tile_ops.h"
 
 namespace hinamoe {
@@ -72,6 +74,55 @@ class HinaMicroKernel {
       if (w1) ops_.template load<3>(st[16], 64);
       dot(w1, t1);
     }
+    store_acc(w1, t1, C);
+  }
+
+  // NUMA variant (paper §5.3, Algorithm 2): C[r][c] = sum over the segments
+  // [k0, k1) in segs[0..nseg) of sum_{k in [k0, k1)} A(r, k) * tok(k, mb + c),
+  // where A rows 0..ra0-1 are A0[r*lda + k] and rows 16.. are A1[(r-16)*lda + k]
+  // (lda in elements: Tx*K for the rows r, r + Tx, ... that share a period
+  // row's segments). The accumulators stay live across all segments. k-steps
+  // follow the token buffer's 32-blocks; a block the segment only partly
+  // covers is staged with zeros outside [k0, k1) on both operands, so W is
+  // read only inside the segment (locality, and no read past a row's end) and
+  // tokens outside it contribute exactly nothing (no 0 * inf).
+  void run_segments(const uint16_t* A0, int ra0, const uint16_t* A1, int ra1, int64_t lda,
+                    const numa::Segment* segs, int64_t nseg, const uint16_t* tok, int64_t M, int64_t mb, int mt,
+                    bool stream, float* C) {
+    const int mt0 = std::min(mt, 16), mt1 = mt - mt0;
+    reshape(ra0, ra1, mt0, mt1);
+    const bool w1 = ra1 > 0, t1 = mt1 > 0;
+    ops_.template zero<4>();
+    if (t1) ops_.template zero<5>();
+    if (w1) ops_.template zero<6>();
+    if (w1 && t1) ops_.template zero<7>();
+
+    const int64_t ldab = lda * 2, ldb = 4 * M;  // bytes
+    const char* tb = reinterpret_cast<const char*>(tok + 2 * mb);
+    for (int64_t s = 0; s < nseg; ++s) {
+      const int64_t k0 = segs[s].k_start, k1 = segs[s].k_end;
+      for (int64_t kb = k0 / 32 * 32; kb < k1; kb += 32) {
+        if (kb >= k0 && kb + 32 <= k1) {  // a whole block inside the segment: straight from W
+          const char* bk = tb + (kb / 2) * ldb;
+          ops_.template load<0>(bk, ldb);
+          if (t1) ops_.template load<1>(bk + 64, ldb);
+          load_w<2>(A0 + kb, ldab, stream);
+          if (w1) load_w<3>(A1 + kb, ldab, stream);
+        } else {
+          stage_edge(A0, ra0, A1, ra1, lda, tb, ldb, mt, kb, std::max(k0, kb), std::min(k1, kb + 32));
+          ops_.template load<0>(stok_[0], 128);
+          if (t1) ops_.template load<1>(&stok_[0][32], 128);
+          ops_.template load<2>(stw_[0], 64);
+          if (w1) ops_.template load<3>(stw_[16], 64);
+        }
+        dot(w1, t1);
+      }
+    }
+    store_acc(w1, t1, C);
+  }
+
+ private:
+  void store_acc(bool w1, bool t1, float* C) {
     constexpr int64_t ldc = kAccLd * 4;
     ops_.template store<4>(C, ldc);
     if (t1) ops_.template store<5>(C + 16, ldc);
@@ -79,7 +130,25 @@ class HinaMicroKernel {
     if (w1 && t1) ops_.template store<7>(C + 16 * kAccLd + 16, ldc);
   }
 
- private:
+  // Stages k in [lo, hi) of the 32-block at kb: W rows into stw_ (one tile
+  // row of 32 bf16 per weight row), tokens mb.. into stok_ (VNNI rows of 32
+  // tokens), zero elsewhere.
+  void stage_edge(const uint16_t* A0, int ra0, const uint16_t* A1, int ra1, int64_t lda, const char* tb,
+                  int64_t ldb, int mt, int64_t kb, int64_t lo, int64_t hi) {
+    std::memset(stw_, 0, sizeof(stw_));
+    std::memset(stok_, 0, sizeof(stok_));
+    const size_t bytes = size_t(hi - lo) * 2;
+    for (int r = 0; r < ra0; ++r) std::memcpy(&stw_[r][lo - kb], A0 + r * lda + lo, bytes);
+    for (int r = 0; r < ra1; ++r) std::memcpy(&stw_[16 + r][lo - kb], A1 + r * lda + lo, bytes);
+    for (int64_t k = lo; k < hi; ++k) {
+      const int64_t i = (k - kb) / 2, h = k & 1;  // VNNI row and half of the pair
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(tb + (kb / 2 + i) * ldb) + h;
+      for (int c = 0; c < mt; ++c) stok_[i][2 * c + h] = src[2 * c];
+    }
+    ops_.staged(stw_);
+    ops_.staged(stok_);
+  }
+
   template <int T>
   void load_w(const uint16_t* p, int64_t lda, bool stream) {
     if (stream) ops_.template stream_load<T>(p, lda);
@@ -114,6 +183,8 @@ class HinaMicroKernel {
   Ops& ops_;
   bool have_ = false;
   int cur_[4] = {};
+  alignas(64) uint16_t stw_[32][32];   // staged W block (run_segments edges)
+  alignas(64) uint16_t stok_[16][64];  // staged token block: 16 VNNI rows x 32 tokens
 };
 
 // Token blocks of a W panel run forward on even panels and backward on odd
@@ -136,15 +207,13 @@ void gate_up_block(Ops& ops, const MoEAttrs& at, int64_t H, int64_t I, const uin
   const bool inter = gated && at.gate_layout == GateLayout::Interleaved;
   const bool stacked = gated && at.gate_layout == GateLayout::Stacked;
   const uint16_t* upw = stacked ? fc1_w + I * H : fc3_w;  // Stacked / Separate up rows
-  const void* upb = stacked ? fc1_b : fc3_b;
-  const int64_t upb_off = stacked ? I : 0;
   const bool stream = M <= 32;  // W is used once: keep it out of the cache
   const int64_t jstep = gated ? 16 : 32;
 
   HinaMicroKernel<Ops> mk(ops);
   alignas(64) float C[32 * kAccLd];
   alignas(64) float act[32 * kAccLd];
-  float bg[32], bu[16];
+  float bg[32], bu[32];
   for (int64_t j = j0; j < j1; j += jstep) {
     const int jr = int(std::min(jstep, j1 - j));
     const uint16_t *A0, *A1;
@@ -159,35 +228,15 @@ void gate_up_block(Ops& ops, const MoEAttrs& at, int64_t H, int64_t I, const uin
       A0 = fc1_w + j * H; ra0 = jr;
       A1 = upw + j * H;   ra1 = jr;
     }
-    // Biases of this block as float (0 when absent).
-    for (int q = 0; q < jr; ++q) {
-      if (!gated) {
-        bg[q] = fc1_b ? load_as_f32(fc1_b, j + q, bdt) : 0.0f;
-      } else if (inter) {
-        bg[q] = fc1_b ? load_as_f32(fc1_b, 2 * (j + q), bdt) : 0.0f;
-        bu[q] = fc1_b ? load_as_f32(fc1_b, 2 * (j + q) + 1, bdt) : 0.0f;
-      } else {
-        bg[q] = fc1_b ? load_as_f32(fc1_b, j + q, bdt) : 0.0f;
-        bu[q] = upb ? load_as_f32(upb, upb_off + j + q, bdt) : 0.0f;
-      }
-    }
+    gate_up_biases(at, I, fc1_b, fc3_b, bdt, j, jr, bg, bu);
     const int64_t nmb = (M + 31) / 32;
     for (int64_t ib = 0; ib < nmb; ++ib) {
       const int64_t mb = 32 * zigzag<Ops>(ib, nmb, (j - j0) / jstep);
       const int mt = int(std::min<int64_t>(32, M - mb));
       mk.run(A0, ra0, A1, ra1, H, xv, M, mb, mt, stream, C);
       // Epilogue on the accumulators: bias + activation, then transform 2.
-      for (int q = 0; q < jr; ++q) {
-        float* a = act + q * kAccLd;
-        if (!gated) {
-          const float* c = C + q * kAccLd;
-          for (int m = 0; m < mt; ++m) a[m] = activate(at.activation, c[m] + bg[q]);
-        } else {
-          const float* g = C + (inter ? 2 * q : q) * kAccLd;
-          const float* u = C + (inter ? 2 * q + 1 : 16 + q) * kAccLd;
-          for (int m = 0; m < mt; ++m) a[m] = activate_gated(at, g[m] + bg[q], u[m] + bu[q]);
-        }
-      }
+      const int64_t gs = inter ? 2 * kAccLd : kAccLd;
+      activate_rows(at, C, gs, inter ? C + kAccLd : C + 16 * kAccLd, gs, bg, bu, jr, mt, act, kAccLd);
       store_vnni_block(act, kAccLd, jr, mt, j, mb, M, actv);
     }
   }
@@ -216,6 +265,86 @@ void down_block(Ops& ops, int64_t H, int64_t I, const uint16_t* fc2_w, const voi
       // Transform 3: [h][m] -> rows [m][h], times the routing weight.
       store_transposed(C, kAccLd, hr, mt, fc2_b ? bias : nullptr, route_weight, h, mb, accumulate, y, ldy);
     }
+  }
+}
+
+// One NUMA node's partial of rows [r0, r1) of a bf16 weight W [*, K]
+// (paper §5.3, Algorithm 2), tokens tok in the VNNI layout (K, M):
+//   P[(r - r0)*ldp + m] = sum over the node's segments (r, k0, k1) of
+//                         sum_{k in [k0, k1)} W[r*K + k] * tok(k, m)
+// for m < M; rows without a local segment get 0. Tile rows are rows with
+// the same segments: in a periodic table, rows r, r + Tx, ... (Tx = the
+// period) have the segments of period row r mod Tx, so each residue class
+// present in [r0, r1) is one A operand with row stride Tx*K; in a page-map
+// table (any placement), runs of consecutive rows with equal segments (row
+// stride K). Either is cut into panels of up to 32 rows; all of a row's
+// segments accumulate in the tiles before one store.
+template <class Ops>
+void node_partial(Ops& ops, const numa::SegmentTable& tb, int node, const uint16_t* W, int64_t K, int64_t r0,
+                  int64_t r1, const uint16_t* tok, int64_t M, float* P, int64_t ldp) {
+  if (M <= 0 || r1 <= r0) return;
+  const bool stream = M <= 32;
+  const int64_t Tx = std::max<int64_t>(1, tb.period_rows);
+  const bool have = node >= 0 && node < tb.nodes;
+  HinaMicroKernel<Ops> mk(ops);
+  alignas(64) float C[32 * kAccLd];
+  const int64_t nmb = (M + 31) / 32;
+  int64_t panel = 0;
+  // Segments [s0, s1) of segments[node] that row r uses.
+  auto segs_of = [&](int64_t r, int64_t* s0, int64_t* s1) {
+    const int64_t rho = r % Tx;
+    *s0 = have ? tb.row_begin[size_t(node)][size_t(rho)] : 0;
+    *s1 = have ? tb.row_begin[size_t(node)][size_t(rho) + 1] : 0;
+  };
+  // Rows r, r + step, ... (cnt <= 32 of them) over segments [s0, s1).
+  auto rows_panel = [&](int64_t r, int64_t step, int cnt, int64_t s0, int64_t s1) {
+    if (s1 == s0) {
+      for (int i = 0; i < cnt; ++i) std::fill(P + (r + i * step - r0) * ldp, P + (r + i * step - r0) * ldp + M, 0.0f);
+      return;
+    }
+    const int ra0 = std::min(cnt, 16), ra1 = cnt - ra0;
+    const uint16_t* A0 = W + r * K;
+    const uint16_t* A1 = ra1 ? A0 + 16 * step * K : A0;
+    const numa::Segment* segs = &tb.segments[size_t(node)][size_t(s0)];
+    for (int64_t ib = 0; ib < nmb; ++ib) {
+      const int64_t mb = 32 * zigzag<Ops>(ib, nmb, panel);
+      const int mt = int(std::min<int64_t>(32, M - mb));
+      mk.run_segments(A0, ra0, A1, ra1, step * K, segs, s1 - s0, tok, M, mb, mt, stream, C);
+      for (int q = 0; q < cnt; ++q)
+        std::memcpy(P + (r + q * step - r0) * ldp + mb, C + q * kAccLd, size_t(mt) * sizeof(float));
+    }
+    ++panel;
+  };
+  if (tb.periodic) {
+    for (int64_t r = r0; r < std::min(r1, r0 + Tx); ++r) {
+      int64_t s0, s1;
+      segs_of(r, &s0, &s1);
+      const int64_t cnt = (r1 - r + Tx - 1) / Tx;  // rows r + i*Tx < r1
+      for (int64_t i0 = 0; i0 < cnt; i0 += 32)
+        rows_panel(r + i0 * Tx, Tx, int(std::min<int64_t>(32, cnt - i0)), s0, s1);
+    }
+    return;
+  }
+  const std::vector<numa::Segment>* segv = have ? &tb.segments[size_t(node)] : nullptr;
+  auto same = [&](int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
+    if (a1 - a0 != b1 - b0) return false;
+    for (int64_t i = 0; i < a1 - a0; ++i) {
+      const numa::Segment &x = (*segv)[size_t(a0 + i)], &y = (*segv)[size_t(b0 + i)];
+      if (x.k_start != y.k_start || x.k_end != y.k_end) return false;
+    }
+    return true;
+  };
+  for (int64_t r = r0; r < r1;) {
+    int64_t s0, s1, t0, t1;
+    segs_of(r, &s0, &s1);
+    int cnt = 1;
+    while (cnt < 32 && r + cnt < r1) {
+      segs_of(r + cnt, &t0, &t1);
+      if (!same(s0, s1, t0, t1)) break;
+      ++cnt;
+    }
+    rows_panel(r, 1, cnt, s0, s1);
+    r += cnt;
   }
 }
 
