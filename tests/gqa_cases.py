@@ -1,0 +1,122 @@
+"""Shared pieces of the GroupQueryAttention tests: random configurations, a
+prompt-then-decode sequence run on a session with a shared KV cache (as
+onnxruntime-genai runs it) next to the float64 reference, and comparisons."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gqa_reference import gqa_reference
+from hinamoe.models import GQAConfig, KVCache, prompt_step, random_step, run_gqa, run_gqa_shared
+
+# float32 results against the float64 reference: dot products over d <= 128
+# and sums over up to a few thousand keys leave errors of a few 1e-6; 1e-4
+# is still far below what any indexing or masking mistake produces (O(1)).
+ATOL = 1e-4
+RTOL = 1e-4
+
+GROUPS = (1, 2, 4, 8)
+HEAD_DIMS = (64, 80, 128)
+
+
+def random_config(rng: np.random.Generator, **overrides) -> GQAConfig:
+    """A random supported configuration: G in GROUPS, d in HEAD_DIMS, and
+    each optional feature on or off at random (``overrides`` win)."""
+    g = int(rng.choice(GROUPS))
+    nkv = int(rng.choice([1, 2, 3]))
+    d = int(rng.choice(HEAD_DIMS))
+    kw = dict(num_heads=g * nkv, kv_num_heads=nkv, head_dim=d,
+              packed=bool(rng.integers(2)),
+              do_rotary=bool(rng.integers(2)),
+              attention_bias=bool(rng.integers(3) == 0),
+              head_sink=bool(rng.integers(3) == 0),
+              softcap=float(rng.choice([0.0, 0.0, 5.0])),
+              scale=float(rng.choice([0.0, 0.0, 0.07])),
+              local_window_size=int(rng.choice([-1, -1, 17, 200])))
+    if kw["do_rotary"]:
+        kw["rotary_interleaved"] = bool(rng.integers(2))
+        kw["rotary_dim"] = int(rng.choice([0, d // 2]))
+        kw["position_ids"] = bool(rng.integers(2))
+    if not kw["head_sink"]:
+        kw["smooth_softmax"] = bool(rng.integers(3) == 0)
+    kw.update(overrides)
+    return GQAConfig(**kw)
+
+
+def check_close(got, want, what: str, valid=None) -> None:
+    """float32 result vs float64 reference on the valid rows; NaN in the
+    compared part fails."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    if valid is not None:
+        got, want = got[valid], want[valid]
+    assert np.all(np.isfinite(got)), f"{what}: {np.sum(~np.isfinite(got))} non-finite values"
+    err = np.abs(got - want)
+    bad = err > ATOL + RTOL * np.abs(want)
+    assert not bad.any(), (f"{what}: {bad.sum()} of {bad.size} values off; max abs err "
+                           f"{err.max():.3e}, max |want| {np.abs(want).max():.3e}")
+
+
+def check_cache(got, want, what: str) -> None:
+    """A whole KV cache: rows never written must hold what they held (NaN
+    stays NaN), written rows must match."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    nan_got, nan_want = np.isnan(got), np.isnan(want)
+    assert np.array_equal(nan_got, nan_want), (
+        f"{what}: rows written that must not be, or not written that must be "
+        f"({np.sum(nan_got != nan_want)} values)")
+    check_close(np.where(nan_got, 0, got), np.where(nan_want, 0, want), what)
+
+
+def run_sequence(sess, cfg: GQAConfig, rng: np.random.Generator, prompt_lens, decode_steps: int,
+                 capacity: int, what: str, other=None) -> KVCache:
+    """A ragged first prompt then ``decode_steps`` single-token steps, the KV
+    cache shared between past and present (IOBinding), checked against the
+    reference at every step (output and the whole cache). ``other``: a second
+    session (e.g. the CPU EP) run on its own cache and compared too.
+    Returns the final cache."""
+    b = len(prompt_lens)
+    cache = KVCache.empty(cfg, b, capacity)
+    ref_k, ref_v = cache.key.astype(np.float64), cache.value.astype(np.float64)
+    other_cache = cache.copy() if other is not None else None
+    lens = list(prompt_lens)
+    offsets = rng.integers(0, 5, b)
+    for i in range(decode_steps + 1):
+        if i == 0:
+            step = prompt_step(cfg, rng, lens, positions=capacity + 8, position_offsets=offsets)
+        else:
+            step = random_step(cfg, rng, lens, 1, positions=capacity + 8, position_offsets=offsets)
+            lens = [x + 1 for x in lens]
+        out = run_gqa_shared(sess, cfg, cache, step)
+        want, ref_k, ref_v, valid = gqa_reference(cfg, step, ref_k, ref_v, shared=True)
+        label = f"{what} step {i} (lens {lens})"
+        check_close(out, want, label + " output", valid)
+        check_cache(cache.key, ref_k, label + " present_key")
+        check_cache(cache.value, ref_v, label + " present_value")
+        if other is not None:
+            out_o = run_gqa_shared(other, cfg, other_cache, step)
+            check_close(out, out_o, label + " output vs other EP", valid)
+    return cache
+
+
+def run_separate(sess, cfg: GQAConfig, rng: np.random.Generator, past_lens, new_tokens: int,
+                 past_capacity: int, what: str, other=None):
+    """One call with separate past and present (plain ``run``), past filled
+    with random values, checked against the reference."""
+    b = len(past_lens)
+    past = KVCache.empty(cfg, b, past_capacity, rng=rng) if cfg.with_past else None
+    step = random_step(cfg, rng, past_lens, new_tokens)
+    out, pk, pv = run_gqa(sess, cfg, step, past)
+    want, ref_k, ref_v, valid = gqa_reference(
+        cfg, step, None if past is None else past.key, None if past is None else past.value)
+    check_close(out, want, what + " output", valid)
+    if cfg.with_present:
+        check_close(pk, ref_k, what + " present_key")
+        check_close(pv, ref_v, what + " present_value")
+    if other is not None:
+        out_o, _, _ = run_gqa(other, cfg, step, past)
+        check_close(out, out_o, what + " output vs other EP", valid)
+    return out
