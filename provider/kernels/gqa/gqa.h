@@ -66,7 +66,8 @@ struct GqaShape {
 struct GqaAttrs {
   float scale = 0.0f;              // 0: 1/sqrt(head_dim)
   float softcap = 0.0f;            // <= 0: off
-  int64_t local_window_size = -1;  // -1: no window; else > 0
+  int64_t local_window_size = -1;  // < 0: no window; 0 is refused (ORT's
+                                   // kernel would attend to nothing)
   bool do_rotary = false;
   bool rotary_interleaved = false;
   bool smooth_softmax = false;
@@ -104,16 +105,17 @@ struct GqaTensors {
   void* output = nullptr;  // [B, S, N*d]
 };
 
-// The kernels one tier provides. Both work on one KV head of one batch row:
-// a block of `rows` query rows (the G heads x some query tokens, each row d
-// floats, already scaled and rotated) against keys [k0, k1) of that head's
-// K/V rows (row-major, d floats each, `kv_stride` apart, i.e. the BNSH buffer
-// as it lies). Row r may only see keys [lo[r], hi[r]) (clipped to the
-// chunk). The result is an unnormalised online-softmax state per row:
-//   m[r] = max visible score, l[r] = sum exp(score - m[r]),
-//   acc[r*d + :] = sum exp(score - m[r]) * V[j, :]
-// (m = -inf, l = 0, acc = 0 for a row that sees nothing in the chunk).
-// bias (optional): row r's additive bias for key j at bias[r][j].
+// The kernel one tier provides. It works on one KV head of one batch row: a
+// block of `rows` query rows (some of the G heads x query tokens, d floats
+// each, already scaled and rotated) against keys [k0, k1) of that head's K/V
+// rows (d floats each, `kv_stride` apart: the BNSH buffer as it lies). Row r
+// sees only keys [lo[r], hi[r]) clipped to the chunk. It updates a streaming
+// (online) softmax state per row, in and out:
+//   m[r]  running max of the visible scores (-inf before any),
+//   l[r]  sum of exp(score - m[r]),
+//   acc[r*d + :] = sum of exp(score - m[r]) * V[j, :].
+// score = q.k, softcapped when softcap > 0, plus bias[r][j] when bias is set
+// (row r's bias indexed by absolute key position).
 struct GqaChunkArgs {
   const float* q = nullptr;  // [rows, d]
   int64_t rows = 0;
@@ -124,7 +126,7 @@ struct GqaChunkArgs {
   int64_t k0 = 0, k1 = 0;
   const int64_t* lo = nullptr;  // [rows]
   const int64_t* hi = nullptr;  // [rows]
-  const float* const* bias = nullptr;  // [rows] row pointers indexed by key, or null
+  const float* const* bias = nullptr;  // [rows] row pointers, or null
   float softcap = 0.0f;
   float* m = nullptr;    // [rows]
   float* l = nullptr;    // [rows]
@@ -152,8 +154,12 @@ const GqaTier& gqa_avx2_tier();  // only where tier_unavailable_reason("avx2") i
 // On failure returns nullptr and sets *error.
 const GqaTier* select_gqa_tier(const std::string& name, std::string* error);
 
-// Checks shapes, attributes and seqlens_k against the buffers. Returns ""
-// when gqa() can run, else the reason (naming the input).
+// Checks shapes, attributes and seqlens_k against the buffers, with ORT's
+// rules (N % Nkv == 0, head_dim % 8 == 0, with rotary head_dim % 16 == 0 and
+// R/2 a multiple of 8 that is <= head_dim/2, 0 <= seqlens_k[b] <
+// total_sequence_length, past rows fitting the buffers, position ids inside
+// the caches, bias last dim == total_sequence_length). Returns "" when
+// gqa() can run, else the reason (naming the input).
 std::string gqa_validate(const GqaShape& shape, const GqaAttrs& attrs, const GqaTensors& t);
 
 // Runs the op: appends the new K/V to present_*, writes output. Returns ""

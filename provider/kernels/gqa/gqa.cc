@@ -1,0 +1,387 @@
+// GroupQueryAttention driver: validation, rotary + KV append, and the split
+// of the attention into (batch row, KV head, query tile, key range) work
+// items that the tier's chunk kernel runs; ranges split across items are
+// merged afterwards with a log-sum-exp combine. Semantics: see gqa.h.
+#include "gqa/gqa.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "tier.h"
+
+namespace hinamoe {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kTileRows = 64;      // query rows (heads x tokens) per work item, at most
+constexpr int64_t kPieceKeys = 128;    // keys per chunk-kernel call (scores stay in L1/L2)
+constexpr int64_t kMinSplitKeys = 256; // a key range is split across items only above this
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+// Where row b's tokens sit: past_b = first rows of the cache, total_b after this step.
+struct RowLengths {
+  int64_t past = 0;
+  int64_t total = 0;
+};
+
+RowLengths row_lengths(const GqaShape& s, const GqaTensors& t, int64_t b) {
+  RowLengths r;
+  r.total = int64_t(t.seqlens_k[b]) + 1;
+  r.past = s.seq == s.total_sequence_length ? 0 : r.total - s.seq;
+  return r;
+}
+
+// Rotates one head vector in place by the cache row `pos` (see gqa.h).
+void rotate(float* x, const float* cos_row, const float* sin_row, int64_t half, bool interleaved) {
+  if (interleaved) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = x[2 * i], b = x[2 * i + 1], c = cos_row[i], s = sin_row[i];
+      x[2 * i] = a * c - b * s;
+      x[2 * i + 1] = b * c + a * s;
+    }
+  } else {
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = x[i], b = x[i + half], c = cos_row[i], s = sin_row[i];
+      x[i] = a * c - b * s;
+      x[i + half] = b * c + a * s;
+    }
+  }
+}
+
+// Per-thread buffers of the attention items (grow once, reused).
+struct ItemScratch {
+  std::vector<int64_t> lo, hi;
+  std::vector<const float*> bias;
+  std::vector<float> m, l, acc, chunk;
+};
+ItemScratch& item_scratch() {
+  static thread_local ItemScratch s;
+  return s;
+}
+
+}  // namespace
+
+std::string gqa_validate(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t) {
+  const std::string op = "GroupQueryAttention: ";
+  if (t.dtype != GqaDType::F32) return op + "only float32 tensors are supported";
+  if (s.num_heads <= 0 || s.kv_num_heads <= 0)
+    return op + "num_heads (" + num(s.num_heads) + ") and kv_num_heads (" + num(s.kv_num_heads) +
+           ") must be positive";
+  if (s.num_heads % s.kv_num_heads != 0)
+    return op + "num_heads (" + num(s.num_heads) + ") must be a multiple of kv_num_heads (" +
+           num(s.kv_num_heads) + ")";
+  if (s.batch <= 0 || s.seq <= 0) return op + "query must have batch and sequence dims > 0";
+  if (s.head_dim <= 0 || s.head_dim % 8 != 0)
+    return op + "head_size must be a positive multiple of 8, got " + num(s.head_dim);
+  if (!t.query || !t.output || !t.seqlens_k) return op + "query, seqlens_k and output are required";
+  if ((t.key == nullptr) != (t.value == nullptr))
+    return op + "key and value must both be present or both absent (packed QKV)";
+  if ((t.past_key == nullptr) != (t.past_value == nullptr))
+    return op + "past_key and past_value must both be present or both absent";
+  if (!t.present_key || !t.present_value) return op + "present_key and present_value buffers are required";
+  const bool shared_k = t.past_key && t.past_key == t.present_key;
+  const bool shared_v = t.past_value && t.past_value == t.present_value;
+  if (shared_k != shared_v)
+    return op + "past_key/present_key and past_value/present_value must both share a buffer or both not";
+  if (s.past_capacity < 0) return op + "past_key dim 2 must be >= 0";
+  if (!t.past_key && s.past_capacity != 0) return op + "past_capacity given without past_key";
+  if (s.total_sequence_length <= 0)
+    return op + "total_sequence_length must be positive, got " + num(s.total_sequence_length);
+  if (s.present_capacity != std::max(s.total_sequence_length, s.past_capacity))
+    return op + "present_key dim 2 must be max(total_sequence_length, past_key dim 2) = " +
+           num(std::max(s.total_sequence_length, s.past_capacity)) + ", got " + num(s.present_capacity);
+  if (shared_k && s.past_capacity != s.present_capacity)
+    return op + "a shared past/present buffer must have one capacity";
+  if (a.local_window_size == 0) return op + "local_window_size 0 is not supported (use -1 for no window)";
+
+  const bool first = s.seq == s.total_sequence_length;
+  if (!first && s.seq > 1 && s.batch != 1)
+    return op + "batch_size must be 1 when sequence_length > 1 and past context is given";
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const int64_t sk = t.seqlens_k[b];
+    if (sk < 0 || sk >= s.total_sequence_length)
+      return op + "seqlens_k[" + num(b) + "] = " + num(sk) + " is out of range [0, " +
+             num(s.total_sequence_length) + ")";
+    const RowLengths r = row_lengths(s, t, b);
+    if (r.past < 0)
+      return op + "seqlens_k[" + num(b) + "] = " + num(sk) + " is shorter than the " + num(s.seq) +
+             " new tokens";
+    if (r.past + s.seq > s.present_capacity)
+      return op + "seqlens_k[" + num(b) + "] = " + num(sk) + " puts the new tokens beyond the present buffer (" +
+             num(s.present_capacity) + " rows)";
+    if (r.past > 0 && !t.past_key)
+      return op + "seqlens_k[" + num(b) + "] = " + num(sk) + " asks for " + num(r.past) +
+             " past tokens but past_key is absent";
+    if (r.past > s.past_capacity)
+      return op + "seqlens_k[" + num(b) + "] = " + num(sk) + " asks for " + num(r.past) +
+             " past tokens but past_key holds " + num(s.past_capacity);
+  }
+  if (a.do_rotary) {
+    if (!t.cos_cache || !t.sin_cache) return op + "do_rotary needs cos_cache and sin_cache";
+    if (s.head_dim % 16 != 0) return op + "rotary needs head_size to be a multiple of 16, got " + num(s.head_dim);
+    if (t.rotary_half <= 0 || t.rotary_half % 8 != 0 || t.rotary_half > s.head_dim / 2)
+      return op + "cos_cache/sin_cache dim 1 must be a positive multiple of 8 and <= head_size / 2, got " +
+             num(t.rotary_half);
+    if (t.rotary_rows < s.total_sequence_length)
+      return op + "cos_cache/sin_cache dim 0 (" + num(t.rotary_rows) +
+             ") must be >= total_sequence_length (" + num(s.total_sequence_length) + ")";
+    for (int64_t b = 0; b < s.batch; ++b) {
+      const RowLengths r = row_lengths(s, t, b);
+      for (int64_t i = 0; i < s.seq; ++i) {
+        const int64_t p = t.position_ids ? t.position_ids[b * s.seq + i] : (first ? i : r.past + i);
+        if (p < 0 || p >= t.rotary_rows)
+          return op + "position " + num(p) + " (batch " + num(b) + ", token " + num(i) +
+                 ") is outside cos_cache/sin_cache (" + num(t.rotary_rows) + " rows)";
+      }
+    }
+  } else if ((t.cos_cache == nullptr) != (t.sin_cache == nullptr)) {
+    return op + "cos_cache and sin_cache must both be present or both absent";
+  }
+  if (t.attention_bias) {
+    if (t.bias_batch != 1 && t.bias_batch != s.batch)
+      return op + "attention_bias dim 0 must be batch_size or 1, got " + num(t.bias_batch);
+    if (t.bias_heads != 1 && t.bias_heads != s.num_heads)
+      return op + "attention_bias dim 1 must be num_heads or 1, got " + num(t.bias_heads);
+    if (t.bias_keys != s.total_sequence_length)
+      return op + "attention_bias dim 3 must be total_sequence_length (" + num(s.total_sequence_length) +
+             "), got " + num(t.bias_keys);
+  }
+  if (t.head_sink && a.smooth_softmax) return op + "head_sink must not be given together with smooth_softmax";
+  return "";
+}
+
+std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const GqaTier& tier,
+                const Parallel& par) {
+  std::string err = gqa_validate(s, a, t);
+  if (!err.empty()) return err;
+
+  const int64_t B = s.batch, S = s.seq, N = s.num_heads, Nkv = s.kv_num_heads, d = s.head_dim;
+  const int64_t G = N / Nkv, cap = s.present_capacity;
+  const bool packed = t.key == nullptr;
+  const bool first = S == s.total_sequence_length;
+  const bool shared = t.past_key != nullptr && t.past_key == t.present_key;
+  const float alpha = a.scale == 0.0f ? 1.0f / std::sqrt(float(d)) : a.scale;
+
+  const float* query = static_cast<const float*>(t.query);
+  const int64_t q_tok = packed ? (N + 2 * Nkv) * d : N * d;  // floats per token of query
+  const float* key = packed ? query + N * d : static_cast<const float*>(t.key);
+  const float* value = packed ? query + (N + Nkv) * d : static_cast<const float*>(t.value);
+  const int64_t kv_tok = packed ? q_tok : Nkv * d;
+  float* present_k = static_cast<float*>(t.present_key);
+  float* present_v = static_cast<float*>(t.present_value);
+  const float* cos_c = static_cast<const float*>(t.cos_cache);
+  const float* sin_c = static_cast<const float*>(t.sin_cache);
+  const int64_t half = t.rotary_half;
+
+  std::vector<RowLengths> rows(B);
+  for (int64_t b = 0; b < B; ++b) rows[b] = row_lengths(s, t, b);
+  auto position = [&](int64_t b, int64_t i) {
+    return t.position_ids ? t.position_ids[b * S + i] : (first ? i : rows[b].past + i);
+  };
+
+  // 1. Present buffers: past rows (separate buffers) and the new K (rotated) / V rows.
+  par.for_each(size_t(B * Nkv), [&](size_t item) {
+    const int64_t b = int64_t(item) / Nkv, h = int64_t(item) % Nkv;
+    float* pk = present_k + (b * Nkv + h) * cap * d;
+    float* pv = present_v + (b * Nkv + h) * cap * d;
+    const int64_t past = rows[b].past;
+    if (!shared) {
+      std::memset(pk, 0, sizeof(float) * cap * d);
+      std::memset(pv, 0, sizeof(float) * cap * d);
+      if (past > 0) {
+        const int64_t off = (b * Nkv + h) * s.past_capacity * d;
+        std::memcpy(pk, static_cast<const float*>(t.past_key) + off, sizeof(float) * past * d);
+        std::memcpy(pv, static_cast<const float*>(t.past_value) + off, sizeof(float) * past * d);
+      }
+    }
+    for (int64_t i = 0; i < S; ++i) {
+      float* kd = pk + (past + i) * d;
+      std::memcpy(kd, key + (b * S + i) * kv_tok + h * d, sizeof(float) * d);
+      std::memcpy(pv + (past + i) * d, value + (b * S + i) * kv_tok + h * d, sizeof(float) * d);
+      if (a.do_rotary) {
+        const int64_t p = position(b, i);
+        rotate(kd, cos_c + p * half, sin_c + p * half, half, a.rotary_interleaved);
+      }
+    }
+  });
+
+  // 2. Queries, scaled and rotated, laid out [B, Nkv, S, G, d] so a tile of
+  //    tokens of one KV head is one contiguous block of rows.
+  std::vector<float> qbuf(size_t(B * N * S * d));
+  par.for_each(size_t(B * N), [&](size_t item) {
+    const int64_t b = int64_t(item) / N, n = int64_t(item) % N, h = n / G, g = n % G;
+    for (int64_t i = 0; i < S; ++i) {
+      float* qd = qbuf.data() + (((b * Nkv + h) * S + i) * G + g) * d;
+      const float* src = query + (b * S + i) * q_tok + n * d;
+      for (int64_t j = 0; j < d; ++j) qd[j] = src[j];
+      if (a.do_rotary) {
+        const int64_t p = position(b, i);
+        rotate(qd, cos_c + p * half, sin_c + p * half, half, a.rotary_interleaved);
+      }
+      for (int64_t j = 0; j < d; ++j) qd[j] *= alpha;
+    }
+  });
+
+  // 3. Work items. A group is (b, h, tile of query tokens); its visible keys
+  //    [klo, khi) are split over several items when there are too few groups
+  //    to keep the threads busy (decode at batch 1).
+  const int64_t tile_tok = std::max<int64_t>(1, kTileRows / G);
+  const int64_t tiles = (S + tile_tok - 1) / tile_tok;
+  const int64_t groups = B * Nkv * tiles;
+  const int64_t W = a.local_window_size;
+  auto visible = [&](int64_t b, int64_t i, int64_t* lo, int64_t* hi) {
+    const int64_t L = std::min(rows[b].past + i + 1, rows[b].total);
+    *hi = L;
+    *lo = (W > 0 && L > W) ? L - W : 0;
+  };
+  std::vector<int64_t> klo(groups), khi(groups), split_begin(groups + 1);
+  const int64_t target = par.threads > 1 ? 4 * int64_t(par.threads) : 1;
+  split_begin[0] = 0;
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    const int64_t b = gi / (Nkv * tiles), tile = gi % tiles;
+    const int64_t i0 = tile * tile_tok, i1 = std::min(S, i0 + tile_tok) - 1;
+    int64_t lo0, hi0, lo1, hi1;
+    visible(b, i0, &lo0, &hi0);
+    visible(b, i1, &lo1, &hi1);
+    klo[gi] = lo0;
+    khi[gi] = hi1;
+    const int64_t keys = khi[gi] - klo[gi];
+    int64_t splits = 1;
+    if (groups < target) {
+      splits = std::min((target + groups - 1) / groups, (keys + kMinSplitKeys - 1) / kMinSplitKeys);
+      splits = std::max<int64_t>(1, splits);
+    }
+    split_begin[gi + 1] = split_begin[gi] + splits;
+  }
+  const int64_t items = split_begin[groups];
+  const int64_t tile_rows_max = tile_tok * G;
+  const int64_t state_floats = tile_rows_max * (d + 2);
+  std::vector<float> partial(items > groups ? size_t(items * state_floats) : 0);
+
+  const float* bias = static_cast<const float*>(t.attention_bias);
+  const float* sink = static_cast<const float*>(t.head_sink);
+  const bool use_sink = sink != nullptr || a.smooth_softmax;
+  float* out = static_cast<float*>(t.output);
+
+  // Row r of a tile = token i0 + r / G, head h*G + r % G.
+  auto finalize = [&](int64_t b, int64_t h, int64_t i0, int64_t nrows, const float* m, const float* l,
+                      const float* acc) {
+    for (int64_t r = 0; r < nrows; ++r) {
+      const int64_t i = i0 + r / G, n = h * G + r % G;
+      float* o = out + ((b * S + i) * N + n) * d;
+      float mm = m[r], scale_acc = 1.0f, denom = l[r];
+      if (use_sink) {
+        const float sk = sink ? sink[n] : 0.0f;
+        const float M = std::max(mm, sk);
+        scale_acc = mm == kNegInf ? 0.0f : std::exp(mm - M);
+        denom = l[r] * scale_acc + std::exp(sk - M);
+      }
+      const float f = denom > 0.0f ? scale_acc / denom : 0.0f;
+      for (int64_t j = 0; j < d; ++j) o[j] = acc[r * d + j] * f;
+    }
+  };
+
+  par.for_each(size_t(items), [&](size_t item) {
+    const int64_t gi = int64_t(std::upper_bound(split_begin.begin(), split_begin.end(), int64_t(item)) -
+                               split_begin.begin()) - 1;
+    const int64_t part = int64_t(item) - split_begin[gi], splits = split_begin[gi + 1] - split_begin[gi];
+    const int64_t b = gi / (Nkv * tiles), h = (gi / tiles) % Nkv, tile = gi % tiles;
+    const int64_t i0 = tile * tile_tok, ntok = std::min(S, i0 + tile_tok) - i0, nrows = ntok * G;
+    // Even split of the group's keys, boundaries on multiples of 8.
+    const int64_t keys = khi[gi] - klo[gi];
+    auto bound = [&](int64_t p) {
+      if (p >= splits) return khi[gi];
+      return std::min(khi[gi], klo[gi] + ((keys * p / splits) & ~int64_t(7)));
+    };
+    const int64_t a0 = bound(part), a1 = bound(part + 1);
+
+    ItemScratch& sc = item_scratch();
+    sc.lo.resize(nrows);
+    sc.hi.resize(nrows);
+    sc.bias.resize(nrows);
+    sc.m.assign(nrows, kNegInf);
+    sc.l.assign(nrows, 0.0f);
+    sc.acc.assign(size_t(nrows * d), 0.0f);
+    sc.chunk.resize(size_t(gqa_chunk_scratch_floats(nrows, kPieceKeys)));
+    for (int64_t r = 0; r < nrows; ++r) {
+      const int64_t i = i0 + r / G, n = h * G + r % G;
+      visible(b, i, &sc.lo[r], &sc.hi[r]);
+      if (bias) {
+        const int64_t bb = t.bias_batch > 1 ? b : 0, bn = t.bias_heads > 1 ? n : 0;
+        sc.bias[r] = bias + ((bb * t.bias_heads + bn) * S + i) * t.bias_keys;
+      }
+    }
+    GqaChunkArgs ca;
+    ca.q = qbuf.data() + ((b * Nkv + h) * S + i0) * G * d;
+    ca.rows = nrows;
+    ca.d = d;
+    ca.k = present_k + (b * Nkv + h) * cap * d;
+    ca.v = present_v + (b * Nkv + h) * cap * d;
+    ca.kv_stride = d;
+    ca.lo = sc.lo.data();
+    ca.hi = sc.hi.data();
+    ca.bias = bias ? sc.bias.data() : nullptr;
+    ca.softcap = a.softcap;
+    ca.m = sc.m.data();
+    ca.l = sc.l.data();
+    ca.acc = sc.acc.data();
+    ca.scratch = sc.chunk.data();
+    for (int64_t k0 = a0; k0 < a1; k0 += kPieceKeys) {
+      ca.k0 = k0;
+      ca.k1 = std::min(a1, k0 + kPieceKeys);
+      tier.chunk(ca);
+    }
+    if (splits == 1) {
+      finalize(b, h, i0, nrows, sc.m.data(), sc.l.data(), sc.acc.data());
+    } else {
+      float* st = partial.data() + item * state_floats;
+      std::memcpy(st, sc.m.data(), sizeof(float) * nrows);
+      std::memcpy(st + nrows, sc.l.data(), sizeof(float) * nrows);
+      std::memcpy(st + 2 * nrows, sc.acc.data(), sizeof(float) * nrows * d);
+    }
+  });
+
+  if (items > groups) {
+    // Log-sum-exp merge of the split groups' partial states.
+    par.for_each(size_t(groups), [&](size_t g) {
+      const int64_t gi = int64_t(g), splits = split_begin[gi + 1] - split_begin[gi];
+      if (splits == 1) return;
+      const int64_t b = gi / (Nkv * tiles), h = (gi / tiles) % Nkv, tile = gi % tiles;
+      const int64_t i0 = tile * tile_tok, nrows = (std::min(S, i0 + tile_tok) - i0) * G;
+      ItemScratch& sc = item_scratch();
+      sc.m.assign(nrows, kNegInf);
+      sc.l.assign(nrows, 0.0f);
+      sc.acc.assign(size_t(nrows * d), 0.0f);
+      for (int64_t p = 0; p < splits; ++p) {
+        const float* st = partial.data() + (split_begin[gi] + p) * state_floats;
+        for (int64_t r = 0; r < nrows; ++r) {
+          const float mp = st[r];
+          if (mp == kNegInf) continue;
+          const float M = std::max(sc.m[r], mp);
+          const float fo = sc.m[r] == kNegInf ? 0.0f : std::exp(sc.m[r] - M), fp = std::exp(mp - M);
+          sc.l[r] = sc.l[r] * fo + st[nrows + r] * fp;
+          float* acc = sc.acc.data() + r * d;
+          const float* pa = st + 2 * nrows + r * d;
+          for (int64_t j = 0; j < d; ++j) acc[j] = acc[j] * fo + pa[j] * fp;
+          sc.m[r] = M;
+        }
+      }
+      finalize(b, h, i0, nrows, sc.m.data(), sc.l.data(), sc.acc.data());
+    });
+  }
+  return "";
+}
+
+const GqaTier* select_gqa_tier(const std::string& name, std::string* error) {
+  const KernelTier* kt = select_tier(name, error);
+  if (!kt) return nullptr;
+  const std::string got = kt->name;
+  if (got == "avx2" || got == "amx") return &gqa_avx2_tier();
+  return &gqa_ref_tier();
+}
+
+}  // namespace hinamoe
