@@ -5,6 +5,8 @@ Installed as ``hinamoe.models``; only relative imports inside.
 """
 
 from .gqa_layer import (  # noqa: F401
+    ATTENTION_SHAPES,
+    AttentionShape,
     GQA_INPUTS,
     GQAConfig,
     GQAStep,
@@ -46,7 +48,7 @@ from .routing import (  # noqa: F401
 from .shapes import DEFAULT_BENCH_MODELS, SHAPES, MoEShape, get_shape, list_shapes  # noqa: F401
 
 __all__ = [
-    "GQA_INPUTS", "GQAConfig", "GQAStep", "KVCache", "build_gqa_model", "prompt_step",
+    "ATTENTION_SHAPES", "AttentionShape", "GQA_INPUTS", "GQAConfig", "GQAStep", "KVCache", "build_gqa_model", "prompt_step",
     "random_step", "rotary_caches", "run_gqa", "run_gqa_shared",
     "ACTIVATIONS", "GATED", "MoEConfig", "MoERunner", "build_moe_model", "canon_dtype",
     "model_path", "model_source", "np_dtype", "onnx_dtype", "random_input", "random_logits",

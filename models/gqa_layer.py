@@ -330,3 +330,34 @@ def run_gqa(sess, cfg: GQAConfig, step: GQAStep, past: KVCache | None = None):
     res = sess.run(None, feeds)
     got = dict(zip(names, res))
     return got["output"], got.get("present_key"), got.get("present_value")
+
+
+# ---------------------------------------------------------------- real shapes
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The attention of one decoder layer of a real model."""
+    name: str
+    num_heads: int
+    kv_num_heads: int
+    head_dim: int
+    head_sink: bool = False  # learned per-head sink logits (gpt-oss)
+    hf_name: str = ""
+
+    def config(self, do_rotary: bool = True) -> GQAConfig:
+        return GQAConfig(num_heads=self.num_heads, kv_num_heads=self.kv_num_heads,
+                         head_dim=self.head_dim, do_rotary=do_rotary, head_sink=self.head_sink)
+
+    def kv_bytes(self, batch: int, context: int, itemsize: int = 4) -> int:
+        """K and V bytes one decode step reads at this context."""
+        return 2 * batch * self.kv_num_heads * context * self.head_dim * itemsize
+
+
+ATTENTION_SHAPES = {
+    s.name: s for s in (
+        AttentionShape("qwen3-30b-a3b", 32, 4, 128, hf_name="Qwen/Qwen3-30B-A3B"),
+        AttentionShape("mixtral-8x7b", 32, 8, 128, hf_name="mistralai/Mixtral-8x7B-v0.1"),
+        AttentionShape("gpt-oss-20b", 64, 8, 64, head_sink=True, hf_name="openai/gpt-oss-20b"),
+    )
+}

@@ -8,26 +8,9 @@ import numpy as np
 import pytest
 
 from conftest import cpu_session
-from gqa_cases import check_close, random_config, run_separate, run_sequence
+from gqa_cases import FEATURES, check_close, random_config, run_separate, run_sequence
 from gqa_reference import gqa_reference
 from hinamoe.models import GQAConfig, KVCache, build_gqa_model, prompt_step, run_gqa_shared
-
-FEATURES = {
-    "plain": {},
-    "packed": dict(packed=True),
-    "rotary": dict(do_rotary=True),
-    "rotary_interleaved": dict(do_rotary=True, rotary_interleaved=True),
-    "rotary_partial": dict(do_rotary=True, rotary_dim=32),
-    "position_ids": dict(do_rotary=True, position_ids=True),
-    "local_window": dict(local_window_size=5),
-    "softcap": dict(softcap=2.0),
-    "attention_bias": dict(attention_bias=True),
-    "bias_broadcast": dict(attention_bias=True, bias_broadcast_batch=True, bias_broadcast_heads=True),
-    "bias_and_softcap": dict(attention_bias=True, softcap=1.5),
-    "head_sink": dict(head_sink=True),
-    "smooth_softmax": dict(smooth_softmax=True),
-    "scale": dict(scale=0.3),
-}
 
 
 @pytest.mark.parametrize("feature", list(FEATURES))
