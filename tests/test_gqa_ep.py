@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import cpu_session, hina_session, require_isa
+from conftest import available_isas, cpu_session, hina_session, require_isa
 from gqa_cases import (FEATURES, GROUPS, HEAD_DIMS, check_close, random_config, run_separate,
                        run_sequence)
 from gqa_reference import gqa_reference
@@ -29,6 +29,16 @@ def test_feature(feature, isa, rng, seed):
     what = f"HinaMoE isa={isa} seed {seed} [{cfg.describe()}]"
     run_sequence(hs, cfg, rng, [13, 6, 10], decode_steps=3, capacity=41, what=what, other=cs)
     run_separate(hs, cfg, rng, [9, 3, 14], 1, past_capacity=20, what=what + " separate", other=cs)
+
+
+@pytest.mark.parametrize("isa", available_isas())
+def test_every_isa_name(isa, rng, seed):
+    """Every tier name the isa option accepts selects a GQA tier too (AMX
+    names run the best non-AMX GQA kernels for now)."""
+    cfg = GQAConfig(num_heads=8, kv_num_heads=2, head_dim=64, do_rotary=True)
+    hs = hina_session(build_gqa_model(cfg), isa=isa, threads=2)
+    run_sequence(hs, cfg, rng, [9, 30], decode_steps=2, capacity=40,
+                 what=f"isa={isa} seed {seed}")
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -124,6 +124,7 @@ def plot_gqa_latency(points, path, meta=None) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     shapes = list(dict.fromkeys(p.shape for p in points))
     batches = sorted({p.batch for p in points})
@@ -146,6 +147,9 @@ def plot_gqa_latency(points, path, meta=None) -> Path:
                                 label=f"{'HinaMoE' if ep == 'HinaMoE' else 'ORT CPU EP'} {thr} thr")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
+            plain = FuncFormatter(lambda v, _: f"{v:g}")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
             ctx = sorted({p.context for p in sel})
             ax.set_xticks(ctx)
             ax.set_xticklabels([str(x) for x in ctx])
