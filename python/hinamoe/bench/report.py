@@ -124,7 +124,7 @@ def plot_gqa_latency(points, path, meta=None) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     shapes = list(dict.fromkeys(p.shape for p in points))
     batches = sorted({p.batch for p in points})
@@ -148,6 +148,7 @@ def plot_gqa_latency(points, path, meta=None) -> Path:
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             plain = FuncFormatter(lambda v, _: f"{v:g}")
+            ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))  # 1, 2, 5, 10, ...
             ax.yaxis.set_major_formatter(plain)
             ax.yaxis.set_minor_formatter(plain)
             ctx = sorted({p.context for p in sel})
