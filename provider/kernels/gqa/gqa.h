@@ -73,8 +73,11 @@ struct GqaAttrs {
   bool smooth_softmax = false;
 };
 
-// Element type of query/key/value/past/present/caches/bias/sink/output.
-enum class GqaDType : int { F32 = 0 };
+// Element type of query/key/value/past/present/caches/bias/sink/output (the
+// op's T; ORT registers float and float16). Arithmetic is float either way;
+// with F16 the rotated K is rounded to f16 where it is stored, and the
+// rotated Q before it is used, as ORT's kernel does.
+enum class GqaDType : int { F32 = 0, F16 = 1 };
 
 // All pointers are host memory. Optional inputs are null when absent.
 struct GqaTensors {
@@ -120,8 +123,8 @@ struct GqaChunkArgs {
   const float* q = nullptr;  // [rows, d]
   int64_t rows = 0;
   int64_t d = 0;
-  const float* k = nullptr;  // key row j at k + j*kv_stride
-  const float* v = nullptr;  // value row j at v + j*kv_stride
+  const void* k = nullptr;  // key row j at element j*kv_stride (float or f16 bits, per the tier entry)
+  const void* v = nullptr;  // value row j at element j*kv_stride
   int64_t kv_stride = 0;
   int64_t k0 = 0, k1 = 0;
   const int64_t* lo = nullptr;  // [rows]
@@ -142,7 +145,8 @@ inline int64_t gqa_chunk_scratch_floats(int64_t rows, int64_t keys) { return row
 // A GQA tier: function pointers filled once (like KernelTier in tier.h).
 struct GqaTier {
   const char* name = "";
-  GqaChunkFn chunk = nullptr;  // f32 Q/K/V
+  GqaChunkFn chunk = nullptr;      // K/V float
+  GqaChunkFn chunk_f16 = nullptr;  // K/V IEEE half (uint16_t bits)
 };
 
 const GqaTier& gqa_ref_tier();
