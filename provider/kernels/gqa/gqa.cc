@@ -5,6 +5,7 @@
 #include "gqa/gqa.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -180,8 +181,14 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
     return t.position_ids ? t.position_ids[b * S + i] : (first ? i : rows[b].past + i);
   };
 
-  // 1. Present buffers: past rows (separate buffers) and the new K (rotated) / V rows.
-  par.for_each(size_t(B * Nkv), [&](size_t item) {
+  // 1. Per (b, KV head): the present rows (past rows for separate buffers,
+  //    the new K rotated and V), and the G query heads rotated (rounded to T
+  //    as ORT stores them) and scaled, as float in [B, Nkv, S, G, d] so a
+  //    tile of tokens of one KV head is one block of rows. A decode step's
+  //    few KB run on the calling thread: a pool dispatch would cost more.
+  std::vector<float> qbuf(size_t(B * N * S * d));
+  const bool small_prep = shared && B * S * (N + 2 * Nkv) * d <= (int64_t(1) << 16);
+  (small_prep ? serial() : par).for_each(size_t(B * Nkv), [&](size_t item) {
     const int64_t b = int64_t(item) / Nkv, h = int64_t(item) % Nkv;
     const int64_t base = (b * Nkv + h) * cap * d;
     const int64_t past = rows[b].past;
@@ -207,23 +214,19 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
         std::memcpy(at_mut(t.present_key, dst), at(key, src_k), es * d);
       }
     }
-  });
-
-  // 2. Queries, rotated (rounded to T as ORT stores them) and scaled, as float
-  //    in [B, Nkv, S, G, d] so a tile of tokens of one KV head is one block of rows.
-  std::vector<float> qbuf(size_t(B * N * S * d));
-  par.for_each(size_t(B * N), [&](size_t item) {
-    const int64_t b = int64_t(item) / N, n = int64_t(item) % N, h = n / G, g = n % G;
-    for (int64_t i = 0; i < S; ++i) {
-      float* qd = qbuf.data() + (((b * Nkv + h) * S + i) * G + g) * d;
-      const int64_t src = (b * S + i) * q_tok + n * d;
-      for (int64_t j = 0; j < d; ++j) qd[j] = load_as_f32(t.query, src + j, dt);
-      if (a.do_rotary) {
-        rotate(qd, t.cos_cache, t.sin_cache, position(b, i), half, a.rotary_interleaved, dt);
-        if (dt == DType::F16)
-          for (int64_t j = 0; j < d; ++j) qd[j] = f16_to_f32(f32_to_f16(qd[j]));
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t n = h * G + g;
+      for (int64_t i = 0; i < S; ++i) {
+        float* qd = qbuf.data() + (((b * Nkv + h) * S + i) * G + g) * d;
+        const int64_t src = (b * S + i) * q_tok + n * d;
+        for (int64_t j = 0; j < d; ++j) qd[j] = load_as_f32(t.query, src + j, dt);
+        if (a.do_rotary) {
+          rotate(qd, t.cos_cache, t.sin_cache, position(b, i), half, a.rotary_interleaved, dt);
+          if (dt == DType::F16)
+            for (int64_t j = 0; j < d; ++j) qd[j] = f16_to_f32(f32_to_f16(qd[j]));
+        }
+        for (int64_t j = 0; j < d; ++j) qd[j] *= alpha;
       }
-      for (int64_t j = 0; j < d; ++j) qd[j] *= alpha;
     }
   });
 
@@ -306,6 +309,34 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
     }
   };
 
+  // Log-sum-exp merge of a split group's partial states, run by whichever
+  // item of the group finishes last (no extra pass over the pool).
+  std::vector<std::atomic<int>> splits_done(items > groups ? size_t(groups) : 0);
+  auto merge = [&](int64_t gi) {
+    const int64_t splits = split_begin[gi + 1] - split_begin[gi];
+    const int64_t b = gi / (Nkv * tiles), h = (gi / tiles) % Nkv, tile = gi % tiles;
+    const int64_t i0 = tile * tile_tok, nrows = (std::min(S, i0 + tile_tok) - i0) * G;
+    ItemScratch& sc = item_scratch();
+    sc.m.assign(nrows, kNegInf);
+    sc.l.assign(nrows, 0.0f);
+    sc.acc.assign(size_t(nrows * d), 0.0f);
+    for (int64_t p = 0; p < splits; ++p) {
+      const float* st = partial.data() + (split_begin[gi] + p) * state_floats;
+      for (int64_t r = 0; r < nrows; ++r) {
+        const float mp = st[r];
+        if (mp == kNegInf) continue;
+        const float M = std::max(sc.m[r], mp);
+        const float fo = sc.m[r] == kNegInf ? 0.0f : std::exp(sc.m[r] - M), fp = std::exp(mp - M);
+        sc.l[r] = sc.l[r] * fo + st[nrows + r] * fp;
+        float* acc = sc.acc.data() + r * d;
+        const float* pa = st + 2 * nrows + r * d;
+        for (int64_t j = 0; j < d; ++j) acc[j] = acc[j] * fo + pa[j] * fp;
+        sc.m[r] = M;
+      }
+    }
+    finalize(b, h, i0, nrows, sc.m.data(), sc.l.data(), sc.acc.data());
+  };
+
   par.for_each(size_t(items), [&](size_t item) {
     const int64_t gi = int64_t(std::upper_bound(split_begin.begin(), split_begin.end(), int64_t(item)) -
                                split_begin.begin()) - 1;
@@ -363,37 +394,10 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
       std::memcpy(st, sc.m.data(), sizeof(float) * nrows);
       std::memcpy(st + nrows, sc.l.data(), sizeof(float) * nrows);
       std::memcpy(st + 2 * nrows, sc.acc.data(), sizeof(float) * nrows * d);
+      if (splits_done[size_t(gi)].fetch_add(1, std::memory_order_acq_rel) + 1 == splits) merge(gi);
     }
   });
 
-  if (items > groups) {
-    // Log-sum-exp merge of the split groups' partial states.
-    par.for_each(size_t(groups), [&](size_t g) {
-      const int64_t gi = int64_t(g), splits = split_begin[gi + 1] - split_begin[gi];
-      if (splits == 1) return;
-      const int64_t b = gi / (Nkv * tiles), h = (gi / tiles) % Nkv, tile = gi % tiles;
-      const int64_t i0 = tile * tile_tok, nrows = (std::min(S, i0 + tile_tok) - i0) * G;
-      ItemScratch& sc = item_scratch();
-      sc.m.assign(nrows, kNegInf);
-      sc.l.assign(nrows, 0.0f);
-      sc.acc.assign(size_t(nrows * d), 0.0f);
-      for (int64_t p = 0; p < splits; ++p) {
-        const float* st = partial.data() + (split_begin[gi] + p) * state_floats;
-        for (int64_t r = 0; r < nrows; ++r) {
-          const float mp = st[r];
-          if (mp == kNegInf) continue;
-          const float M = std::max(sc.m[r], mp);
-          const float fo = sc.m[r] == kNegInf ? 0.0f : std::exp(sc.m[r] - M), fp = std::exp(mp - M);
-          sc.l[r] = sc.l[r] * fo + st[nrows + r] * fp;
-          float* acc = sc.acc.data() + r * d;
-          const float* pa = st + 2 * nrows + r * d;
-          for (int64_t j = 0; j < d; ++j) acc[j] = acc[j] * fo + pa[j] * fp;
-          sc.m[r] = M;
-        }
-      }
-      finalize(b, h, i0, nrows, sc.m.data(), sc.l.data(), sc.acc.data());
-    });
-  }
   return "";
 }
 
