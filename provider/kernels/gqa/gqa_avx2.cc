@@ -190,6 +190,10 @@ HINAMOE_AVX2_FN void chunk_avx2(const GqaChunkArgs& a) {
     for (; j + 8 <= nk; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + j));
     float mx = hmax(mv);
     for (; j < nk; ++j) mx = std::max(mx, s[j]);
+    if (mx == kNegInf) {  // every visible key masked by a -inf bias: weights 0 (ORT's output is 0)
+      std::fill(s, s + nk, 0.0f);
+      continue;
+    }
 
     const float f = a.m[r] == kNegInf ? 0.0f : std::exp(a.m[r] - mx);
     const __m256 mb = _mm256_set1_ps(mx);

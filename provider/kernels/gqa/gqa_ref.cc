@@ -27,6 +27,7 @@ void chunk_ref(const GqaChunkArgs& a) {
       sc[j - j0] = x;
       mx = std::max(mx, x);
     }
+    if (mx == -std::numeric_limits<float>::infinity()) continue;  // all masked by -inf bias: weight 0
     const float f = a.m[r] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(a.m[r] - mx);
     float* acc = a.acc + r * d;
     float l = a.l[r] * f;
