@@ -90,9 +90,23 @@ HINAMOE_AVX2_INLINE void scores_block(const float* q, int64_t d, const typename 
         s1[r] = _mm256_fmadd_ps(x, b, s1[r]);
       }
     }
-    for (int r = 0; r < RB; ++r) {
-      sc[r * ld + j] = hsum(s0[r]);
-      sc[r * ld + j + 1] = hsum(s1[r]);
+    if constexpr (RB == 4) {
+      // Reduce the 8 accumulators together: two hadd levels leave per-lane
+      // partial sums [r0 r1 r2 r3] of each key; adding the halves finishes.
+      const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(s0[0], s0[1]), _mm256_hadd_ps(s0[2], s0[3]));
+      const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(s1[0], s1[1]), _mm256_hadd_ps(s1[2], s1[3]));
+      alignas(16) float t0[4], t1[4];
+      _mm_store_ps(t0, _mm_add_ps(_mm256_castps256_ps128(u0), _mm256_extractf128_ps(u0, 1)));
+      _mm_store_ps(t1, _mm_add_ps(_mm256_castps256_ps128(u1), _mm256_extractf128_ps(u1, 1)));
+      for (int r = 0; r < 4; ++r) {
+        sc[r * ld + j] = t0[r];
+        sc[r * ld + j + 1] = t1[r];
+      }
+    } else {
+      for (int r = 0; r < RB; ++r) {
+        sc[r * ld + j] = hsum(s0[r]);
+        sc[r * ld + j + 1] = hsum(s1[r]);
+      }
     }
   }
   if (j < nk) {
