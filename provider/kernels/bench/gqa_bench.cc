@@ -2,11 +2,13 @@
 // benchmark is `hina-bench gqa`).
 //
 //   hinamoe_gqa_bench [--heads 32/4,32/8,64/8] [--d 128,128,64] [--ctx 512,2048,8192,32768]
-//                     [--batch 1,4] [--threads 2] [--tier auto|ref|avx2|...]
+//                     [--batch 1,4] [--threads 2] [--tier auto|ref|avx2|...] [--prefill]
 //
 // One decode step (S = 1) per call on a shared KV buffer of capacity ctx + 1,
 // every row at context ctx. Reports the best time over repeated calls, the
 // K+V bytes read per second, and their share of the measured read bandwidth.
+// --prefill times first prompts of ctx tokens instead (GB/s is then only
+// the K+V bytes over the time, not a bandwidth figure).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -43,6 +45,7 @@ int main(int argc, char** argv) {
   std::string heads = "32/4,32/8,64/8", dims = "128,128,64", ctxs = "512,2048,8192,32768", batches = "1,4";
   std::string tier_name = "auto";
   int threads = 2;
+  bool prefill = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -52,8 +55,9 @@ int main(int argc, char** argv) {
     else if (a == "--batch") batches = next();
     else if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--tier") tier_name = next();
+    else if (a == "--prefill") prefill = true;
     else {
-      std::printf("usage: %s [--heads N/Nkv,...] [--d d,...] [--ctx T,...] [--batch B,...] [--threads n] [--tier name]\n",
+      std::printf("usage: %s [--heads N/Nkv,...] [--d d,...] [--ctx T,...] [--batch B,...] [--threads n] [--tier name] [--prefill]\n",
                   argv[0]);
       return a == "--help" || a == "-h" ? 0 : 2;
     }
@@ -80,15 +84,15 @@ int main(int argc, char** argv) {
     for (const std::string& bs : split(batches)) {
       const int64_t B = std::atoll(bs.c_str());
       for (const std::string& cs : split(ctxs)) {
-        const int64_t T = std::atoll(cs.c_str()), cap = T + 1;
-        std::vector<float> kv_k(size_t(B * Nkv * cap * d)), kv_v(kv_k.size()), q(size_t(B * N * d)),
-            k(size_t(B * Nkv * d)), v(k.size()), out(q.size());
+        const int64_t T = std::atoll(cs.c_str()), cap = T + 1, S = prefill ? T : 1;
+        std::vector<float> kv_k(size_t(B * Nkv * cap * d)), kv_v(kv_k.size()), q(size_t(B * S * N * d)),
+            k(size_t(B * S * Nkv * d)), v(k.size()), out(q.size());
         for (auto* vec : {&kv_k, &kv_v, &q, &k, &v})
           for (auto& x : *vec) x = u(g);
         std::vector<int32_t> seqlens(size_t(B), int32_t(T - 1));  // T tokens after this step
         GqaShape sh;
         sh.batch = B;
-        sh.seq = 1;
+        sh.seq = S;
         sh.num_heads = N;
         sh.kv_num_heads = Nkv;
         sh.head_dim = d;

@@ -154,8 +154,11 @@ const GqaTier& gqa_ref_tier();
 const GqaTier& gqa_avx2_tier();  // only where tier_unavailable_reason("avx2") is ""
 
 // Resolves "auto" or a tier name (the names of select_tier in
-// cpu_features.cc) to a GQA tier. AMX tiers map to their best available GQA
-// kernels ("amx" -> avx2, "amx-emu" -> ref until AMX GQA kernels exist).
+// cpu_features.cc) to a GQA tier: "amx" -> avx2, "amx-emu" -> ref. There is
+// no AMX GQA kernel: the tile layer multiplies bf16 only, and the op's K/V
+// are f32/f16, so AMX would first convert every K/V row it reads (the same
+// memory traffic as the AVX2 path, which decode is bound by) and round K and
+// V to bf16, far outside ORT's float results.
 // On failure returns nullptr and sets *error.
 const GqaTier* select_gqa_tier(const std::string& name, std::string* error);
 
