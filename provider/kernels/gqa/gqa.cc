@@ -5,11 +5,13 @@
 #include "gqa/gqa.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "dtype.h"
 #include "tier.h"
 
 namespace hinamoe {
@@ -35,20 +37,15 @@ RowLengths row_lengths(const GqaShape& s, const GqaTensors& t, int64_t b) {
   return r;
 }
 
-// Rotates one head vector in place by the cache row `pos` (see gqa.h).
-void rotate(float* x, const float* cos_row, const float* sin_row, int64_t half, bool interleaved) {
-  if (interleaved) {
-    for (int64_t i = 0; i < half; ++i) {
-      const float a = x[2 * i], b = x[2 * i + 1], c = cos_row[i], s = sin_row[i];
-      x[2 * i] = a * c - b * s;
-      x[2 * i + 1] = b * c + a * s;
-    }
-  } else {
-    for (int64_t i = 0; i < half; ++i) {
-      const float a = x[i], b = x[i + half], c = cos_row[i], s = sin_row[i];
-      x[i] = a * c - b * s;
-      x[i + half] = b * c + a * s;
-    }
+// Rotates one head vector (float) in place by cache row `pos` (see gqa.h);
+// the caches hold the op's element type.
+void rotate(float* x, const void* cos_c, const void* sin_c, int64_t pos, int64_t half, bool interleaved, DType dt) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float c = load_as_f32(cos_c, pos * half + i, dt), s = load_as_f32(sin_c, pos * half + i, dt);
+    const int64_t ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+    const float a = x[ia], b = x[ib];
+    x[ia] = a * c - b * s;
+    x[ib] = b * c + a * s;
   }
 }
 
@@ -67,7 +64,7 @@ ItemScratch& item_scratch() {
 
 std::string gqa_validate(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t) {
   const std::string op = "GroupQueryAttention: ";
-  if (t.dtype != GqaDType::F32) return op + "only float32 tensors are supported";
+  if (t.dtype != GqaDType::F32 && t.dtype != GqaDType::F16) return op + "only float32 and float16 are supported";
   if (s.num_heads <= 0 || s.kv_num_heads <= 0)
     return op + "num_heads (" + num(s.num_heads) + ") and kv_num_heads (" + num(s.kv_num_heads) +
            ") must be positive";
@@ -166,15 +163,16 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   const bool shared = t.past_key != nullptr && t.past_key == t.present_key;
   const float alpha = a.scale == 0.0f ? 1.0f / std::sqrt(float(d)) : a.scale;
 
-  const float* query = static_cast<const float*>(t.query);
-  const int64_t q_tok = packed ? (N + 2 * Nkv) * d : N * d;  // floats per token of query
-  const float* key = packed ? query + N * d : static_cast<const float*>(t.key);
-  const float* value = packed ? query + (N + Nkv) * d : static_cast<const float*>(t.value);
+  const DType dt = t.dtype == GqaDType::F16 ? DType::F16 : DType::F32;
+  const size_t es = dtype_size(dt);
+  auto at = [es](const void* p, int64_t i) { return static_cast<const uint8_t*>(p) + i * int64_t(es); };
+  auto at_mut = [es](void* p, int64_t i) { return static_cast<uint8_t*>(p) + i * int64_t(es); };
+  // Element offsets of token data: query (packed or not), key, value.
+  const int64_t q_tok = packed ? (N + 2 * Nkv) * d : N * d;
+  const void* key = packed ? t.query : t.key;
+  const void* value = packed ? t.query : t.value;
+  const int64_t k_off = packed ? N * d : 0, v_off = packed ? (N + Nkv) * d : 0;
   const int64_t kv_tok = packed ? q_tok : Nkv * d;
-  float* present_k = static_cast<float*>(t.present_key);
-  float* present_v = static_cast<float*>(t.present_value);
-  const float* cos_c = static_cast<const float*>(t.cos_cache);
-  const float* sin_c = static_cast<const float*>(t.sin_cache);
   const int64_t half = t.rotary_half;
 
   std::vector<RowLengths> rows(B);
@@ -183,48 +181,72 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
     return t.position_ids ? t.position_ids[b * S + i] : (first ? i : rows[b].past + i);
   };
 
-  // 1. Present buffers: past rows (separate buffers) and the new K (rotated) / V rows.
-  par.for_each(size_t(B * Nkv), [&](size_t item) {
+  // 1. Per (b, KV head): the present rows (past rows for separate buffers,
+  //    the new K rotated and V), and the G query heads rotated (rounded to T
+  //    as ORT stores them) and scaled, as float in [B, Nkv, S, G, d] so a
+  //    tile of tokens of one KV head is one block of rows. A decode step's
+  //    few KB run on the calling thread: a pool dispatch would cost more.
+  std::vector<float> qbuf(size_t(B * N * S * d));
+  const bool small_prep = shared && B * S * (N + 2 * Nkv) * d <= (int64_t(1) << 16);
+  (small_prep ? serial() : par).for_each(size_t(B * Nkv), [&](size_t item) {
     const int64_t b = int64_t(item) / Nkv, h = int64_t(item) % Nkv;
-    float* pk = present_k + (b * Nkv + h) * cap * d;
-    float* pv = present_v + (b * Nkv + h) * cap * d;
+    const int64_t base = (b * Nkv + h) * cap * d;
     const int64_t past = rows[b].past;
     if (!shared) {
-      std::memset(pk, 0, sizeof(float) * cap * d);
-      std::memset(pv, 0, sizeof(float) * cap * d);
+      std::memset(at_mut(t.present_key, base), 0, es * cap * d);
+      std::memset(at_mut(t.present_value, base), 0, es * cap * d);
       if (past > 0) {
         const int64_t off = (b * Nkv + h) * s.past_capacity * d;
-        std::memcpy(pk, static_cast<const float*>(t.past_key) + off, sizeof(float) * past * d);
-        std::memcpy(pv, static_cast<const float*>(t.past_value) + off, sizeof(float) * past * d);
+        std::memcpy(at_mut(t.present_key, base), at(t.past_key, off), es * past * d);
+        std::memcpy(at_mut(t.present_value, base), at(t.past_value, off), es * past * d);
       }
     }
+    std::vector<float> kr(static_cast<size_t>(d));
     for (int64_t i = 0; i < S; ++i) {
-      float* kd = pk + (past + i) * d;
-      std::memcpy(kd, key + (b * S + i) * kv_tok + h * d, sizeof(float) * d);
-      std::memcpy(pv + (past + i) * d, value + (b * S + i) * kv_tok + h * d, sizeof(float) * d);
+      const int64_t dst = base + (past + i) * d;
+      const int64_t src_k = (b * S + i) * kv_tok + k_off + h * d, src_v = (b * S + i) * kv_tok + v_off + h * d;
+      std::memcpy(at_mut(t.present_value, dst), at(value, src_v), es * d);
       if (a.do_rotary) {
-        const int64_t p = position(b, i);
-        rotate(kd, cos_c + p * half, sin_c + p * half, half, a.rotary_interleaved);
+        for (int64_t j = 0; j < d; ++j) kr[j] = load_as_f32(key, src_k + j, dt);
+        rotate(kr.data(), t.cos_cache, t.sin_cache, position(b, i), half, a.rotary_interleaved, dt);
+        for (int64_t j = 0; j < d; ++j) store_from_f32(t.present_key, dst + j, dt, kr[j]);
+      } else {
+        std::memcpy(at_mut(t.present_key, dst), at(key, src_k), es * d);
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t n = h * G + g;
+      for (int64_t i = 0; i < S; ++i) {
+        float* qd = qbuf.data() + (((b * Nkv + h) * S + i) * G + g) * d;
+        const int64_t src = (b * S + i) * q_tok + n * d;
+        for (int64_t j = 0; j < d; ++j) qd[j] = load_as_f32(t.query, src + j, dt);
+        if (a.do_rotary) {
+          rotate(qd, t.cos_cache, t.sin_cache, position(b, i), half, a.rotary_interleaved, dt);
+          if (dt == DType::F16)
+            for (int64_t j = 0; j < d; ++j) qd[j] = f16_to_f32(f32_to_f16(qd[j]));
+        }
+        for (int64_t j = 0; j < d; ++j) qd[j] *= alpha;
       }
     }
   });
 
-  // 2. Queries, scaled and rotated, laid out [B, Nkv, S, G, d] so a tile of
-  //    tokens of one KV head is one contiguous block of rows.
-  std::vector<float> qbuf(size_t(B * N * S * d));
-  par.for_each(size_t(B * N), [&](size_t item) {
-    const int64_t b = int64_t(item) / N, n = int64_t(item) % N, h = n / G, g = n % G;
-    for (int64_t i = 0; i < S; ++i) {
-      float* qd = qbuf.data() + (((b * Nkv + h) * S + i) * G + g) * d;
-      const float* src = query + (b * S + i) * q_tok + n * d;
-      for (int64_t j = 0; j < d; ++j) qd[j] = src[j];
-      if (a.do_rotary) {
-        const int64_t p = position(b, i);
-        rotate(qd, cos_c + p * half, sin_c + p * half, half, a.rotary_interleaved);
-      }
-      for (int64_t j = 0; j < d; ++j) qd[j] *= alpha;
+  // Bias and sink as float (converted once when T is f16).
+  std::vector<float> bias_f, sink_f;
+  const float* bias = static_cast<const float*>(t.attention_bias);
+  const float* sink = static_cast<const float*>(t.head_sink);
+  if (dt == DType::F16) {
+    if (t.attention_bias) {
+      bias_f.resize(size_t(t.bias_batch * t.bias_heads * S * t.bias_keys));
+      for (size_t i = 0; i < bias_f.size(); ++i) bias_f[i] = load_as_f32(t.attention_bias, int64_t(i), dt);
+      bias = bias_f.data();
     }
-  });
+    if (t.head_sink) {
+      sink_f.resize(size_t(N));
+      for (int64_t n = 0; n < N; ++n) sink_f[size_t(n)] = load_as_f32(t.head_sink, n, dt);
+      sink = sink_f.data();
+    }
+  }
+  const GqaChunkFn chunk = dt == DType::F16 ? tier.chunk_f16 : tier.chunk;
 
   // 3. Work items. A group is (b, h, tile of query tokens); its visible keys
   //    [klo, khi) are split over several items when there are too few groups
@@ -262,17 +284,14 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   const int64_t state_floats = tile_rows_max * (d + 2);
   std::vector<float> partial(items > groups ? size_t(items * state_floats) : 0);
 
-  const float* bias = static_cast<const float*>(t.attention_bias);
-  const float* sink = static_cast<const float*>(t.head_sink);
   const bool use_sink = sink != nullptr || a.smooth_softmax;
-  float* out = static_cast<float*>(t.output);
 
   // Row r of a tile = token i0 + r / G, head h*G + r % G.
   auto finalize = [&](int64_t b, int64_t h, int64_t i0, int64_t nrows, const float* m, const float* l,
                       const float* acc) {
     for (int64_t r = 0; r < nrows; ++r) {
       const int64_t i = i0 + r / G, n = h * G + r % G;
-      float* o = out + ((b * S + i) * N + n) * d;
+      const int64_t o = ((b * S + i) * N + n) * d;
       float mm = m[r], scale_acc = 1.0f, denom = l[r];
       if (use_sink) {
         const float sk = sink ? sink[n] : 0.0f;
@@ -281,8 +300,41 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
         denom = l[r] * scale_acc + std::exp(sk - M);
       }
       const float f = denom > 0.0f ? scale_acc / denom : 0.0f;
-      for (int64_t j = 0; j < d; ++j) o[j] = acc[r * d + j] * f;
+      if (dt == DType::F32) {
+        float* of = static_cast<float*>(t.output) + o;
+        for (int64_t j = 0; j < d; ++j) of[j] = acc[r * d + j] * f;
+      } else {
+        for (int64_t j = 0; j < d; ++j) store_from_f32(t.output, o + j, dt, acc[r * d + j] * f);
+      }
     }
+  };
+
+  // Log-sum-exp merge of a split group's partial states, run by whichever
+  // item of the group finishes last (no extra pass over the pool).
+  std::vector<std::atomic<int>> splits_done(items > groups ? size_t(groups) : 0);
+  auto merge = [&](int64_t gi) {
+    const int64_t splits = split_begin[gi + 1] - split_begin[gi];
+    const int64_t b = gi / (Nkv * tiles), h = (gi / tiles) % Nkv, tile = gi % tiles;
+    const int64_t i0 = tile * tile_tok, nrows = (std::min(S, i0 + tile_tok) - i0) * G;
+    ItemScratch& sc = item_scratch();
+    sc.m.assign(nrows, kNegInf);
+    sc.l.assign(nrows, 0.0f);
+    sc.acc.assign(size_t(nrows * d), 0.0f);
+    for (int64_t p = 0; p < splits; ++p) {
+      const float* st = partial.data() + (split_begin[gi] + p) * state_floats;
+      for (int64_t r = 0; r < nrows; ++r) {
+        const float mp = st[r];
+        if (mp == kNegInf) continue;
+        const float M = std::max(sc.m[r], mp);
+        const float fo = sc.m[r] == kNegInf ? 0.0f : std::exp(sc.m[r] - M), fp = std::exp(mp - M);
+        sc.l[r] = sc.l[r] * fo + st[nrows + r] * fp;
+        float* acc = sc.acc.data() + r * d;
+        const float* pa = st + 2 * nrows + r * d;
+        for (int64_t j = 0; j < d; ++j) acc[j] = acc[j] * fo + pa[j] * fp;
+        sc.m[r] = M;
+      }
+    }
+    finalize(b, h, i0, nrows, sc.m.data(), sc.l.data(), sc.acc.data());
   };
 
   par.for_each(size_t(items), [&](size_t item) {
@@ -319,8 +371,8 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
     ca.q = qbuf.data() + ((b * Nkv + h) * S + i0) * G * d;
     ca.rows = nrows;
     ca.d = d;
-    ca.k = present_k + (b * Nkv + h) * cap * d;
-    ca.v = present_v + (b * Nkv + h) * cap * d;
+    ca.k = at(t.present_key, (b * Nkv + h) * cap * d);
+    ca.v = at(t.present_value, (b * Nkv + h) * cap * d);
     ca.kv_stride = d;
     ca.lo = sc.lo.data();
     ca.hi = sc.hi.data();
@@ -333,7 +385,7 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
     for (int64_t k0 = a0; k0 < a1; k0 += kPieceKeys) {
       ca.k0 = k0;
       ca.k1 = std::min(a1, k0 + kPieceKeys);
-      tier.chunk(ca);
+      chunk(ca);
     }
     if (splits == 1) {
       finalize(b, h, i0, nrows, sc.m.data(), sc.l.data(), sc.acc.data());
@@ -342,37 +394,10 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
       std::memcpy(st, sc.m.data(), sizeof(float) * nrows);
       std::memcpy(st + nrows, sc.l.data(), sizeof(float) * nrows);
       std::memcpy(st + 2 * nrows, sc.acc.data(), sizeof(float) * nrows * d);
+      if (splits_done[size_t(gi)].fetch_add(1, std::memory_order_acq_rel) + 1 == splits) merge(gi);
     }
   });
 
-  if (items > groups) {
-    // Log-sum-exp merge of the split groups' partial states.
-    par.for_each(size_t(groups), [&](size_t g) {
-      const int64_t gi = int64_t(g), splits = split_begin[gi + 1] - split_begin[gi];
-      if (splits == 1) return;
-      const int64_t b = gi / (Nkv * tiles), h = (gi / tiles) % Nkv, tile = gi % tiles;
-      const int64_t i0 = tile * tile_tok, nrows = (std::min(S, i0 + tile_tok) - i0) * G;
-      ItemScratch& sc = item_scratch();
-      sc.m.assign(nrows, kNegInf);
-      sc.l.assign(nrows, 0.0f);
-      sc.acc.assign(size_t(nrows * d), 0.0f);
-      for (int64_t p = 0; p < splits; ++p) {
-        const float* st = partial.data() + (split_begin[gi] + p) * state_floats;
-        for (int64_t r = 0; r < nrows; ++r) {
-          const float mp = st[r];
-          if (mp == kNegInf) continue;
-          const float M = std::max(sc.m[r], mp);
-          const float fo = sc.m[r] == kNegInf ? 0.0f : std::exp(sc.m[r] - M), fp = std::exp(mp - M);
-          sc.l[r] = sc.l[r] * fo + st[nrows + r] * fp;
-          float* acc = sc.acc.data() + r * d;
-          const float* pa = st + 2 * nrows + r * d;
-          for (int64_t j = 0; j < d; ++j) acc[j] = acc[j] * fo + pa[j] * fp;
-          sc.m[r] = M;
-        }
-      }
-      finalize(b, h, i0, nrows, sc.m.data(), sc.l.data(), sc.acc.data());
-    });
-  }
   return "";
 }
 

@@ -41,7 +41,8 @@
 //   (0 when only smooth_softmax is set):
 //     p_j = exp(x_j - m) / (exp(sink - m) + sum_k exp(x_k - m)),
 //     m = max(sink, max_k x_k).
-//   out[b, s, n, :] = sum_j p_j * V[j, :].
+//   out[b, s, n, :] = sum_j p_j * V[j, :]. A query whose visible scores are
+//   all -inf (an attention_bias mask) gets 0, as in ORT.
 #pragma once
 
 #include <cstdint>
@@ -73,8 +74,11 @@ struct GqaAttrs {
   bool smooth_softmax = false;
 };
 
-// Element type of query/key/value/past/present/caches/bias/sink/output.
-enum class GqaDType : int { F32 = 0 };
+// Element type of query/key/value/past/present/caches/bias/sink/output (the
+// op's T; ORT registers float and float16). Arithmetic is float either way;
+// with F16 the rotated K is rounded to f16 where it is stored, and the
+// rotated Q before it is used, as ORT's kernel does.
+enum class GqaDType : int { F32 = 0, F16 = 1 };
 
 // All pointers are host memory. Optional inputs are null when absent.
 struct GqaTensors {
@@ -120,8 +124,8 @@ struct GqaChunkArgs {
   const float* q = nullptr;  // [rows, d]
   int64_t rows = 0;
   int64_t d = 0;
-  const float* k = nullptr;  // key row j at k + j*kv_stride
-  const float* v = nullptr;  // value row j at v + j*kv_stride
+  const void* k = nullptr;  // key row j at element j*kv_stride (float or f16 bits, per the tier entry)
+  const void* v = nullptr;  // value row j at element j*kv_stride
   int64_t kv_stride = 0;
   int64_t k0 = 0, k1 = 0;
   const int64_t* lo = nullptr;  // [rows]
@@ -142,15 +146,19 @@ inline int64_t gqa_chunk_scratch_floats(int64_t rows, int64_t keys) { return row
 // A GQA tier: function pointers filled once (like KernelTier in tier.h).
 struct GqaTier {
   const char* name = "";
-  GqaChunkFn chunk = nullptr;  // f32 Q/K/V
+  GqaChunkFn chunk = nullptr;      // K/V float
+  GqaChunkFn chunk_f16 = nullptr;  // K/V IEEE half (uint16_t bits)
 };
 
 const GqaTier& gqa_ref_tier();
 const GqaTier& gqa_avx2_tier();  // only where tier_unavailable_reason("avx2") is ""
 
 // Resolves "auto" or a tier name (the names of select_tier in
-// cpu_features.cc) to a GQA tier. AMX tiers map to their best available GQA
-// kernels ("amx" -> avx2, "amx-emu" -> ref until AMX GQA kernels exist).
+// cpu_features.cc) to a GQA tier: "amx" -> avx2, "amx-emu" -> ref. There is
+// no AMX GQA kernel: the tile layer multiplies bf16 only, and the op's K/V
+// are f32/f16, so AMX would first convert every K/V row it reads (the same
+// memory traffic as the AVX2 path, which decode is bound by) and round K and
+// V to bf16, far outside ORT's float results.
 // On failure returns nullptr and sets *error.
 const GqaTier* select_gqa_tier(const std::string& name, std::string* error);
 

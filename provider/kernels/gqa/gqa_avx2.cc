@@ -12,15 +12,29 @@
 #include <cmath>
 #include <limits>
 
+#include "dtype.h"
 #include "gqa/gqa.h"
 
-#define HINAMOE_AVX2_FN __attribute__((target("avx2,fma")))
-#define HINAMOE_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
+#define HINAMOE_AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#define HINAMOE_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
 
 namespace hinamoe {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// K/V element types: float, or IEEE half bits widened with vcvtph2ps.
+template <DType DT> struct Elem { using T = uint16_t; };
+template <> struct Elem<DType::F32> { using T = float; };
+
+template <DType DT>
+HINAMOE_AVX2_INLINE __m256 load8(const typename Elem<DT>::T* p) {
+  if constexpr (DT == DType::F32) {
+    return _mm256_loadu_ps(p);
+  } else {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+}
 
 HINAMOE_AVX2_INLINE float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -59,34 +73,48 @@ HINAMOE_AVX2_INLINE __m256 exp_nonpos(__m256 x) {
 }
 
 // sc[r*ld + j] = q_r . k_j for rows [0, R), keys [j0, j1) (j relative to j0).
-template <int RB>
-HINAMOE_AVX2_INLINE void scores_block(const float* q, int64_t d, const float* k, int64_t kv_stride, int64_t nk,
-                                      float* sc, int64_t ld) {
+template <DType DT, int RB>
+HINAMOE_AVX2_INLINE void scores_block(const float* q, int64_t d, const typename Elem<DT>::T* k, int64_t kv_stride,
+                                      int64_t nk, float* sc, int64_t ld) {
   int64_t j = 0;
   for (; j + 2 <= nk; j += 2) {
-    const float* k0 = k + j * kv_stride;
-    const float* k1 = k0 + kv_stride;
+    const auto* k0 = k + j * kv_stride;
+    const auto* k1 = k0 + kv_stride;
     __m256 s0[RB], s1[RB];
     for (int r = 0; r < RB; ++r) s0[r] = s1[r] = _mm256_setzero_ps();
     for (int64_t c = 0; c < d; c += 8) {
-      const __m256 a = _mm256_loadu_ps(k0 + c), b = _mm256_loadu_ps(k1 + c);
+      const __m256 a = load8<DT>(k0 + c), b = load8<DT>(k1 + c);
       for (int r = 0; r < RB; ++r) {
         const __m256 x = _mm256_loadu_ps(q + r * d + c);
         s0[r] = _mm256_fmadd_ps(x, a, s0[r]);
         s1[r] = _mm256_fmadd_ps(x, b, s1[r]);
       }
     }
-    for (int r = 0; r < RB; ++r) {
-      sc[r * ld + j] = hsum(s0[r]);
-      sc[r * ld + j + 1] = hsum(s1[r]);
+    if constexpr (RB == 4) {
+      // Reduce the 8 accumulators together: two hadd levels leave per-lane
+      // partial sums [r0 r1 r2 r3] of each key; adding the halves finishes.
+      const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(s0[0], s0[1]), _mm256_hadd_ps(s0[2], s0[3]));
+      const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(s1[0], s1[1]), _mm256_hadd_ps(s1[2], s1[3]));
+      alignas(16) float t0[4], t1[4];
+      _mm_store_ps(t0, _mm_add_ps(_mm256_castps256_ps128(u0), _mm256_extractf128_ps(u0, 1)));
+      _mm_store_ps(t1, _mm_add_ps(_mm256_castps256_ps128(u1), _mm256_extractf128_ps(u1, 1)));
+      for (int r = 0; r < 4; ++r) {
+        sc[r * ld + j] = t0[r];
+        sc[r * ld + j + 1] = t1[r];
+      }
+    } else {
+      for (int r = 0; r < RB; ++r) {
+        sc[r * ld + j] = hsum(s0[r]);
+        sc[r * ld + j + 1] = hsum(s1[r]);
+      }
     }
   }
   if (j < nk) {
-    const float* k0 = k + j * kv_stride;
+    const auto* k0 = k + j * kv_stride;
     __m256 s0[RB];
     for (int r = 0; r < RB; ++r) s0[r] = _mm256_setzero_ps();
     for (int64_t c = 0; c < d; c += 8) {
-      const __m256 a = _mm256_loadu_ps(k0 + c);
+      const __m256 a = load8<DT>(k0 + c);
       for (int r = 0; r < RB; ++r) s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * d + c), a, s0[r]);
     }
     for (int r = 0; r < RB; ++r) sc[r * ld + j] = hsum(s0[r]);
@@ -94,9 +122,9 @@ HINAMOE_AVX2_INLINE void scores_block(const float* q, int64_t d, const float* k,
 }
 
 // acc[r*d + :] += sum_j p[r*ld + j] * v_j for rows [0, RB).
-template <int RB>
-HINAMOE_AVX2_INLINE void pv_block(const float* p, int64_t ld, const float* v, int64_t kv_stride, int64_t nk,
-                                  int64_t d, float* acc) {
+template <DType DT, int RB>
+HINAMOE_AVX2_INLINE void pv_block(const float* p, int64_t ld, const typename Elem<DT>::T* v, int64_t kv_stride,
+                                  int64_t nk, int64_t d, float* acc) {
   int64_t c = 0;
   for (; c + 16 <= d; c += 16) {
     __m256 a0[RB], a1[RB];
@@ -105,8 +133,8 @@ HINAMOE_AVX2_INLINE void pv_block(const float* p, int64_t ld, const float* v, in
       a1[r] = _mm256_loadu_ps(acc + r * d + c + 8);
     }
     for (int64_t j = 0; j < nk; ++j) {
-      const float* vj = v + j * kv_stride + c;
-      const __m256 x0 = _mm256_loadu_ps(vj), x1 = _mm256_loadu_ps(vj + 8);
+      const auto* vj = v + j * kv_stride + c;
+      const __m256 x0 = load8<DT>(vj), x1 = load8<DT>(vj + 8);
       for (int r = 0; r < RB; ++r) {
         const __m256 w = _mm256_broadcast_ss(p + r * ld + j);
         a0[r] = _mm256_fmadd_ps(w, x0, a0[r]);
@@ -122,14 +150,16 @@ HINAMOE_AVX2_INLINE void pv_block(const float* p, int64_t ld, const float* v, in
     __m256 a0[RB];
     for (int r = 0; r < RB; ++r) a0[r] = _mm256_loadu_ps(acc + r * d + c);
     for (int64_t j = 0; j < nk; ++j) {
-      const __m256 x0 = _mm256_loadu_ps(v + j * kv_stride + c);
+      const __m256 x0 = load8<DT>(v + j * kv_stride + c);
       for (int r = 0; r < RB; ++r) a0[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * ld + j), x0, a0[r]);
     }
     for (int r = 0; r < RB; ++r) _mm256_storeu_ps(acc + r * d + c, a0[r]);
   }
 }
 
+template <DType DT>
 HINAMOE_AVX2_FN void chunk_avx2(const GqaChunkArgs& a) {
+  using E = typename Elem<DT>::T;
   const int64_t d = a.d;
   // The block's key range: the union of the rows' visible ranges in the chunk.
   int64_t j0 = a.k1, j1 = a.k0;
@@ -140,15 +170,15 @@ HINAMOE_AVX2_FN void chunk_avx2(const GqaChunkArgs& a) {
   if (j0 >= j1) return;
   const int64_t nk = j1 - j0, ld = nk;
   float* sc = a.scratch;
-  const float* k = a.k + j0 * a.kv_stride;
-  const float* v = a.v + j0 * a.kv_stride;
+  const E* k = static_cast<const E*>(a.k) + j0 * a.kv_stride;
+  const E* v = static_cast<const E*>(a.v) + j0 * a.kv_stride;
 
   int64_t r = 0;
-  for (; r + 4 <= a.rows; r += 4) scores_block<4>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld);
+  for (; r + 4 <= a.rows; r += 4) scores_block<DT, 4>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld);
   switch (a.rows - r) {
-    case 3: scores_block<3>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld); break;
-    case 2: scores_block<2>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld); break;
-    case 1: scores_block<1>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld); break;
+    case 3: scores_block<DT, 3>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld); break;
+    case 2: scores_block<DT, 2>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld); break;
+    case 1: scores_block<DT, 1>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld); break;
     default: break;
   }
 
@@ -174,6 +204,10 @@ HINAMOE_AVX2_FN void chunk_avx2(const GqaChunkArgs& a) {
     for (; j + 8 <= nk; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + j));
     float mx = hmax(mv);
     for (; j < nk; ++j) mx = std::max(mx, s[j]);
+    if (mx == kNegInf) {  // every visible key masked by a -inf bias: weights 0 (ORT's output is 0)
+      std::fill(s, s + nk, 0.0f);
+      continue;
+    }
 
     const float f = a.m[r] == kNegInf ? 0.0f : std::exp(a.m[r] - mx);
     const __m256 mb = _mm256_set1_ps(mx);
@@ -197,11 +231,11 @@ HINAMOE_AVX2_FN void chunk_avx2(const GqaChunkArgs& a) {
     }
   }
 
-  for (r = 0; r + 4 <= a.rows; r += 4) pv_block<4>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d);
+  for (r = 0; r + 4 <= a.rows; r += 4) pv_block<DT, 4>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d);
   switch (a.rows - r) {
-    case 3: pv_block<3>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d); break;
-    case 2: pv_block<2>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d); break;
-    case 1: pv_block<1>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d); break;
+    case 3: pv_block<DT, 3>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d); break;
+    case 2: pv_block<DT, 2>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d); break;
+    case 1: pv_block<DT, 1>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d); break;
     default: break;
   }
 }
@@ -212,7 +246,8 @@ const GqaTier& gqa_avx2_tier() {
   static const GqaTier t = [] {
     GqaTier x;
     x.name = "avx2";
-    x.chunk = chunk_avx2;
+    x.chunk = chunk_avx2<DType::F32>;
+    x.chunk_f16 = chunk_avx2<DType::F16>;
     return x;
   }();
   return t;

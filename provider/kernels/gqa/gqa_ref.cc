@@ -4,11 +4,13 @@
 #include <cmath>
 #include <limits>
 
+#include "dtype.h"
 #include "gqa/gqa.h"
 
 namespace hinamoe {
 namespace {
 
+template <DType DT>
 void chunk_ref(const GqaChunkArgs& a) {
   const int64_t d = a.d;
   float* sc = a.scratch;
@@ -18,14 +20,14 @@ void chunk_ref(const GqaChunkArgs& a) {
     const float* q = a.q + r * d;
     float mx = a.m[r];
     for (int64_t j = j0; j < j1; ++j) {
-      const float* k = a.k + j * a.kv_stride;
       float x = 0.0f;
-      for (int64_t c = 0; c < d; ++c) x += q[c] * k[c];
+      for (int64_t c = 0; c < d; ++c) x += q[c] * load_as_f32(a.k, j * a.kv_stride + c, DT);
       if (a.softcap > 0.0f) x = a.softcap * std::tanh(x / a.softcap);
       if (a.bias) x += a.bias[r][j];
       sc[j - j0] = x;
       mx = std::max(mx, x);
     }
+    if (mx == -std::numeric_limits<float>::infinity()) continue;  // all masked by -inf bias: weight 0
     const float f = a.m[r] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(a.m[r] - mx);
     float* acc = a.acc + r * d;
     float l = a.l[r] * f;
@@ -33,8 +35,7 @@ void chunk_ref(const GqaChunkArgs& a) {
     for (int64_t j = j0; j < j1; ++j) {
       const float p = std::exp(sc[j - j0] - mx);
       l += p;
-      const float* v = a.v + j * a.kv_stride;
-      for (int64_t c = 0; c < d; ++c) acc[c] += p * v[c];
+      for (int64_t c = 0; c < d; ++c) acc[c] += p * load_as_f32(a.v, j * a.kv_stride + c, DT);
     }
     a.m[r] = mx;
     a.l[r] = l;
@@ -47,7 +48,8 @@ const GqaTier& gqa_ref_tier() {
   static const GqaTier t = [] {
     GqaTier x;
     x.name = "ref";
-    x.chunk = chunk_ref;
+    x.chunk = chunk_ref<DType::F32>;
+    x.chunk_f16 = chunk_ref<DType::F16>;
     return x;
   }();
   return t;

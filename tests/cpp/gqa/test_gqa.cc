@@ -36,6 +36,7 @@ struct Config {
   bool bias = false;
   int64_t bias_b = 1, bias_n = 1;
   bool sink = false;
+  bool f16 = false;  // T = float16: all data on values a half holds exactly
   int64_t present_cap() const { return std::max(total_seq, past_cap); }
 };
 
@@ -44,17 +45,23 @@ struct Inputs {
   std::vector<int64_t> pos;
 };
 
+// A random value in (-scale, scale) (scale a power of 2); for f16 on the
+// i/1024 * scale grid, which a half holds exactly.
+float random_value(bool f16, double scale) {
+  return f16 ? float(ht::grid_value(1, scale)) : float(ht::uniform(-scale, scale));
+}
+
 Inputs random_inputs(const Config& c) {
   Inputs in;
-  auto fill = [](std::vector<float>& v, size_t n, double lo, double hi) {
+  auto fill = [&c](std::vector<float>& v, size_t n, double scale) {
     v.resize(n);
-    for (auto& x : v) x = float(ht::uniform(lo, hi));
+    for (auto& x : v) x = random_value(c.f16, scale);
   };
   const int64_t qw = c.packed ? (c.N + 2 * c.Nkv) * c.d : c.N * c.d;
-  fill(in.query, size_t(c.B * c.S * qw), -1, 1);
+  fill(in.query, size_t(c.B * c.S * qw), 1);
   if (!c.packed) {
-    fill(in.key, size_t(c.B * c.S * c.Nkv * c.d), -1, 1);
-    fill(in.value, size_t(c.B * c.S * c.Nkv * c.d), -1, 1);
+    fill(in.key, size_t(c.B * c.S * c.Nkv * c.d), 1);
+    fill(in.value, size_t(c.B * c.S * c.Nkv * c.d), 1);
   }
   if (c.attrs.do_rotary) {
     // Real cos/sin pairs of random angles (what models feed).
@@ -64,14 +71,18 @@ Inputs random_inputs(const Config& c) {
       const double th = ht::uniform(-3.2, 3.2);
       in.cos[i] = float(std::cos(th));
       in.sin[i] = float(std::sin(th));
+      if (c.f16) {
+        in.cos[i] = float(std::round(std::cos(th) * 1024) / 1024);
+        in.sin[i] = float(std::round(std::sin(th) * 1024) / 1024);
+      }
     }
     if (c.pos_ids) {
       in.pos.resize(size_t(c.B * c.S));
       for (auto& p : in.pos) p = ht::randint(0, c.rot_rows - 1);
     }
   }
-  if (c.bias) fill(in.bias, size_t(c.bias_b * c.bias_n * c.S * c.total_seq), -2, 2);
-  if (c.sink) fill(in.sink, size_t(c.N), -3, 3);
+  if (c.bias) fill(in.bias, size_t(c.bias_b * c.bias_n * c.S * c.total_seq), 2);
+  if (c.sink) fill(in.sink, size_t(c.N), 4);
   return in;
 }
 
@@ -143,6 +154,7 @@ std::vector<double> reference_step(const Config& c, const Inputs& in, RefCache& 
           x.push_back(sc);
         }
         double mx = *std::max_element(x.begin(), x.end());
+        if (mx == -INFINITY) continue;  // every key masked by the bias: output 0 (ORT 1.32 does so)
         double extra = 0;  // the sink's term in the denominator
         if (c.sink || c.attrs.smooth_softmax) {
           const double sk = c.sink ? in.sink[n] : 0.0;
@@ -166,6 +178,20 @@ struct Buffers {
   std::vector<float> past_k, past_v, present_k, present_v, out;
 };
 
+// Half bits of values that are exact halves (the f16 test data).
+std::vector<uint16_t> to_half(const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = ht::half_exact(v[i]);
+  return h;
+}
+std::vector<float> from_half(const std::vector<uint16_t>& h) {
+  std::vector<float> v(h.size());
+  for (size_t i = 0; i < h.size(); ++i) v[i] = float(ht::half_value(h[i]));
+  return v;
+}
+
+// Runs the library on float test data; for f16 configs through half copies
+// (outputs and present buffers are converted back, NaN poison included).
 std::string run_lib(const Config& c, const Inputs& in, Buffers& buf, const GqaTier& tier, const Parallel& par) {
   GqaShape sh;
   sh.batch = c.B;
@@ -176,34 +202,60 @@ std::string run_lib(const Config& c, const Inputs& in, Buffers& buf, const GqaTi
   sh.past_capacity = c.past_cap;
   sh.present_capacity = c.present_cap();
   sh.total_sequence_length = c.total_seq;
+  buf.out.assign(size_t(c.B * c.S * c.N * c.d), NAN);
+  // The tensors as the library sees them: the float vectors, or half copies.
+  struct Half {
+    std::vector<uint16_t> query, key, value, past_k, past_v, present_k, present_v, cos, sin, bias, sink, out;
+  } h;
+  auto pick = [&](const std::vector<float>& f, std::vector<uint16_t>& hv) -> void* {
+    if (f.empty()) return nullptr;
+    if (!c.f16) return const_cast<float*>(f.data());
+    hv = to_half(f);
+    return hv.data();
+  };
   GqaTensors t;
-  t.query = in.query.data();
-  t.key = c.packed ? nullptr : in.key.data();
-  t.value = c.packed ? nullptr : in.value.data();
+  t.dtype = c.f16 ? GqaDType::F16 : GqaDType::F32;
+  t.query = pick(in.query, h.query);
+  t.key = c.packed ? nullptr : pick(in.key, h.key);
+  t.value = c.packed ? nullptr : pick(in.value, h.value);
+  t.present_key = pick(buf.present_k, h.present_k);
+  t.present_value = pick(buf.present_v, h.present_v);
   if (c.past_cap > 0) {
-    t.past_key = c.shared ? buf.present_k.data() : buf.past_k.data();
-    t.past_value = c.shared ? buf.present_v.data() : buf.past_v.data();
+    t.past_key = c.shared ? t.present_key : pick(buf.past_k, h.past_k);
+    t.past_value = c.shared ? t.present_value : pick(buf.past_v, h.past_v);
   }
-  t.present_key = buf.present_k.data();
-  t.present_value = buf.present_v.data();
   t.seqlens_k = c.seqlens.data();
   if (c.attrs.do_rotary) {
-    t.cos_cache = in.cos.data();
-    t.sin_cache = in.sin.data();
+    t.cos_cache = pick(in.cos, h.cos);
+    t.sin_cache = pick(in.sin, h.sin);
     t.rotary_rows = c.rot_rows;
     t.rotary_half = c.rot_half;
     if (c.pos_ids) t.position_ids = in.pos.data();
   }
   if (c.bias) {
-    t.attention_bias = in.bias.data();
+    t.attention_bias = pick(in.bias, h.bias);
     t.bias_batch = c.bias_b;
     t.bias_heads = c.bias_n;
     t.bias_keys = c.total_seq;
   }
-  if (c.sink) t.head_sink = in.sink.data();
-  buf.out.assign(size_t(c.B * c.S * c.N * c.d), NAN);
-  t.output = buf.out.data();
-  return gqa(sh, c.attrs, t, tier, par);
+  if (c.sink) t.head_sink = pick(in.sink, h.sink);
+  if (c.f16) {
+    h.out.assign(buf.out.size(), 0x7e00);  // NaN
+    t.output = h.out.data();
+  } else {
+    t.output = buf.out.data();
+  }
+  const std::string err = gqa(sh, c.attrs, t, tier, par);
+  if (c.f16) {
+    buf.out = from_half(h.out);
+    buf.present_k = from_half(h.present_k);
+    buf.present_v = from_half(h.present_v);
+    if (!h.past_k.empty()) {
+      buf.past_k = from_half(h.past_k);
+      buf.past_v = from_half(h.past_v);
+    }
+  }
+  return err;
 }
 
 std::vector<const GqaTier*> gqa_tiers_here() {
@@ -217,7 +269,7 @@ std::vector<const GqaTier*> gqa_tiers_here() {
 }
 
 std::string describe(const Config& c) {
-  std::string s = ht::fmt("B=%lld S=%lld N=%lld Nkv=%lld d=%lld total=%lld past_cap=%lld", (long long)c.B,
+  std::string s = std::string(c.f16 ? "f16 " : "f32 ") + ht::fmt("B=%lld S=%lld N=%lld Nkv=%lld d=%lld total=%lld past_cap=%lld", (long long)c.B,
                           (long long)c.S, (long long)c.N, (long long)c.Nkv, (long long)c.d,
                           (long long)c.total_seq, (long long)c.past_cap);
   s += " seqlens=";
@@ -239,7 +291,8 @@ void compare(const Config& c, const std::vector<double>& want, const RefCache& r
   size_t bad = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     const double err = std::fabs(double(buf.out[i]) - want[i]);
-    const double tol = 2e-5 + 2e-5 * std::fabs(want[i]);
+    const double rel = c.f16 ? 3e-3 : 2e-5;
+    const double tol = rel + rel * std::fabs(want[i]);
     if (!(err <= tol)) ++bad;  // NaN counts as bad
     if (!(err <= worst)) worst = err;
   }
@@ -255,7 +308,9 @@ void compare(const Config& c, const std::vector<double>& want, const RefCache& r
           const double gk = buf.present_k[i], gv = buf.present_v[i];
           if (j < end && (c.shared ? j >= past : true)) {
             // Written by this step or copied from past: equals the reference cache.
-            if (!(std::fabs(gk - rc.k[i]) <= 1e-5 && std::fabs(gv - rc.v[i]) <= 1e-6)) ++bad_rows;
+            // Rotated K carries rounding (to T); V and unrotated K are copies.
+            const double ktol = c.f16 ? 2e-3 : 1e-5;
+            if (!(std::fabs(gk - rc.k[i]) <= ktol && std::fabs(gv - rc.v[i]) == 0.0)) ++bad_rows;
           } else if (c.shared) {
             if (ht::fbits(buf.present_k[i]) != ht::fbits(before_k[i])) ++touched;
           } else if (gk != 0.0 || gv != 0.0) {
@@ -337,9 +392,9 @@ void check_step(const Config& c, const Inputs& in, const std::vector<float>& pas
   }
 }
 
-std::vector<float> random_cache(int64_t n) {
+std::vector<float> random_cache(int64_t n, bool f16) {
   std::vector<float> cache(static_cast<size_t>(n));
-  for (auto& x : cache) x = float(ht::uniform(-1, 1));
+  for (auto& x : cache) x = random_value(f16, 1.0);
   return cache;
 }
 
@@ -351,6 +406,7 @@ Config random_heads() {
   c.N = G * c.Nkv;
   c.d = ds[ht::randint(0, 2)];
   c.packed = ht::randint(0, 3) == 0;
+  c.f16 = ht::randint(0, 3) == 0;
   return c;
 }
 
@@ -373,7 +429,7 @@ TEST(gqa_first_prompt_random) {
     if (c.attrs.do_rotary) c.rot_rows = std::max(c.rot_rows, c.present_cap());
     const Inputs in = random_inputs(c);
     const int64_t pn = c.B * c.Nkv * c.past_cap * c.d;
-    check_step(c, in, random_cache(pn), random_cache(pn), "first_prompt");
+    check_step(c, in, random_cache(pn, c.f16), random_cache(pn, c.f16), "first_prompt");
   }
 }
 
@@ -395,7 +451,7 @@ TEST(gqa_decode_random) {
     if (c.attrs.do_rotary) c.rot_rows = std::max(c.rot_rows, c.present_cap());
     const Inputs in = random_inputs(c);
     const int64_t pn = c.B * c.Nkv * c.past_cap * c.d;
-    check_step(c, in, random_cache(pn), random_cache(pn), "decode");
+    check_step(c, in, random_cache(pn, c.f16), random_cache(pn, c.f16), "decode");
   }
 }
 
@@ -414,7 +470,7 @@ TEST(gqa_continuation_random) {
     if (c.attrs.do_rotary) c.rot_rows = std::max(c.rot_rows, c.present_cap());
     const Inputs in = random_inputs(c);
     const int64_t pn = c.B * c.Nkv * c.past_cap * c.d;
-    check_step(c, in, random_cache(pn), random_cache(pn), "continuation");
+    check_step(c, in, random_cache(pn, c.f16), random_cache(pn, c.f16), "continuation");
   }
 }
 
@@ -435,7 +491,8 @@ TEST(gqa_prefill_then_decode_shared) {
     base.past_cap = cap;
     for (const GqaTier* tier : gqa_tiers_here()) {
       static ThreadPool pool2(2);
-      std::vector<float> kc = random_cache(base.B * base.Nkv * cap * base.d), vc = random_cache(kc.size());
+      std::vector<float> kc = random_cache(base.B * base.Nkv * cap * base.d, base.f16),
+                         vc = random_cache(int64_t(kc.size()), base.f16);
       RefCache rc;
       rc.k.assign(kc.size(), 0.0);
       rc.v = rc.k;
@@ -475,14 +532,15 @@ TEST(gqa_prefill_then_decode_shared) {
 
 // Every attribute alone, one decode and one prompt each, so a failure names it.
 TEST(gqa_each_attribute) {
-  for (int which = 0; which < 9; ++which) {
-    for (int phase = 0; phase < 2; ++phase) {
+  for (int which = 0; which < 10; ++which) {
+    for (int phase = 0; phase < 4; ++phase) {
       Config c;
+      c.f16 = phase >= 2;
       c.N = 8;
       c.Nkv = 2;
       c.d = 80;
       c.B = 2;
-      if (phase == 0) {
+      if (phase % 2 == 0) {
         c.S = 9;
         c.total_seq = 9;
         c.seqlens = {8, 4};
@@ -506,10 +564,18 @@ TEST(gqa_each_attribute) {
         case 6: c.sink = true; break;
         case 7: c.attrs.smooth_softmax = true; break;
         case 8: c.packed = true; c.bias = true; break;
+        case 9: c.bias = true; c.bias_n = 8; c.sink = phase == 1; break;  // -inf masks, below
       }
-      const Inputs in = random_inputs(c);
+      Inputs in = random_inputs(c);
+      if (which == 9) {
+        // Head 0 of every row fully masked, a third of the other entries masked.
+        for (size_t i = 0; i < in.bias.size(); ++i) {
+          const int64_t head = int64_t(i / size_t(c.S * c.total_seq)) % c.bias_n;
+          if (head == 0 || ht::randint(0, 2) == 0) in.bias[i] = -INFINITY;
+        }
+      }
       const int64_t pn = c.B * c.Nkv * c.past_cap * c.d;
-      check_step(c, in, random_cache(pn), random_cache(pn), "attribute " + std::to_string(which));
+      check_step(c, in, random_cache(pn, c.f16), random_cache(pn, c.f16), "attribute " + std::to_string(which));
     }
   }
 }
@@ -551,10 +617,10 @@ TEST(gqa_errors) {
     Inputs in = random_inputs(c);
     if (c.pos_ids) in.pos[0] = 16;  // one past the cache
     Buffers buf;
-    buf.present_k = random_cache(c.B * c.Nkv * c.present_cap() * c.d);
+    buf.present_k = random_cache(c.B * c.Nkv * c.present_cap() * c.d, false);
     buf.present_v = buf.present_k;
     if (!c.shared) {
-      buf.past_k = random_cache(c.B * c.Nkv * c.past_cap * c.d);
+      buf.past_k = random_cache(c.B * c.Nkv * c.past_cap * c.d, false);
       buf.past_v = buf.past_k;
     }
     const std::vector<float> before = buf.present_k;
