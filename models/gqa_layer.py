@@ -345,9 +345,10 @@ class AttentionShape:
     head_sink: bool = False  # learned per-head sink logits (gpt-oss)
     hf_name: str = ""
 
-    def config(self, do_rotary: bool = True) -> GQAConfig:
+    def config(self, do_rotary: bool = True, dtype: str = "float32") -> GQAConfig:
         return GQAConfig(num_heads=self.num_heads, kv_num_heads=self.kv_num_heads,
-                         head_dim=self.head_dim, do_rotary=do_rotary, head_sink=self.head_sink)
+                         head_dim=self.head_dim, do_rotary=do_rotary, head_sink=self.head_sink,
+                         dtype=dtype)
 
     def kv_bytes(self, batch: int, context: int, itemsize: int = 4) -> int:
         """K and V bytes one decode step reads at this context."""

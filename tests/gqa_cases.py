@@ -9,11 +9,12 @@ import numpy as np
 from gqa_reference import gqa_reference
 from hinamoe.models import GQAConfig, KVCache, prompt_step, random_step, run_gqa, run_gqa_shared
 
-# float32 results against the float64 reference: dot products over d <= 128
-# and sums over up to a few thousand keys leave errors of a few 1e-6; 1e-4
-# is still far below what any indexing or masking mistake produces (O(1)).
-ATOL = 1e-4
-RTOL = 1e-4
+# (atol, rtol) against the float64 reference. float32: dot products over
+# d <= 128 and sums over up to a few thousand keys leave errors of a few
+# 1e-6; float16: inputs, rotated Q/K, the cache and the output are rounded to
+# half (eps 1e-3), errors up to ~2e-3. Both are far below what an indexing
+# or masking mistake produces (O(1)).
+TOLERANCES = {"float32": (1e-4, 1e-4), "float16": (4e-3, 4e-3)}
 
 # Every supported feature on its own (GQAConfig fields).
 FEATURES = {
@@ -62,9 +63,10 @@ def random_config(rng: np.random.Generator, **overrides) -> GQAConfig:
     return GQAConfig(**kw)
 
 
-def check_close(got, want, what: str, valid=None) -> None:
-    """float32 result vs float64 reference on the valid rows; NaN in the
-    compared part fails."""
+def check_close(got, want, what: str, valid=None, dtype: str = "float32") -> None:
+    """A result in ``dtype`` vs the float64 reference on the valid rows; NaN
+    in the compared part fails."""
+    atol, rtol = TOLERANCES[dtype]
     got = np.asarray(got, dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
@@ -72,12 +74,12 @@ def check_close(got, want, what: str, valid=None) -> None:
         got, want = got[valid], want[valid]
     assert np.all(np.isfinite(got)), f"{what}: {np.sum(~np.isfinite(got))} non-finite values"
     err = np.abs(got - want)
-    bad = err > ATOL + RTOL * np.abs(want)
+    bad = err > atol + rtol * np.abs(want)
     assert not bad.any(), (f"{what}: {bad.sum()} of {bad.size} values off; max abs err "
                            f"{err.max():.3e}, max |want| {np.abs(want).max():.3e}")
 
 
-def check_cache(got, want, what: str) -> None:
+def check_cache(got, want, what: str, dtype: str = "float32") -> None:
     """A whole KV cache: rows never written must hold what they held (NaN
     stays NaN), written rows must match."""
     got = np.asarray(got, dtype=np.float64)
@@ -87,7 +89,7 @@ def check_cache(got, want, what: str) -> None:
     assert np.array_equal(nan_got, nan_want), (
         f"{what}: rows written that must not be, or not written that must be "
         f"({np.sum(nan_got != nan_want)} values)")
-    check_close(np.where(nan_got, 0, got), np.where(nan_want, 0, want), what)
+    check_close(np.where(nan_got, 0, got), np.where(nan_want, 0, want), what, dtype=dtype)
 
 
 def run_sequence(sess, cfg: GQAConfig, rng: np.random.Generator, prompt_lens, decode_steps: int,
@@ -121,12 +123,12 @@ def run_sequence(sess, cfg: GQAConfig, rng: np.random.Generator, prompt_lens, de
         out = run_gqa_shared(sess, cfg, cache, step)
         want, ref_k, ref_v, valid = gqa_reference(cfg, step, ref_k, ref_v, shared=True)
         label = f"{what} step {i} (lens {lens})"
-        check_close(out, want, label + " output", valid)
-        check_cache(cache.key, ref_k, label + " present_key")
-        check_cache(cache.value, ref_v, label + " present_value")
+        check_close(out, want, label + " output", valid, cfg.dtype)
+        check_cache(cache.key, ref_k, label + " present_key", cfg.dtype)
+        check_cache(cache.value, ref_v, label + " present_value", cfg.dtype)
         if other is not None:
             out_o = run_gqa_shared(other, cfg, other_cache, step)
-            check_close(out, out_o, label + " output vs other EP", valid)
+            check_close(out, out_o, label + " output vs other EP", valid, cfg.dtype)
     return cache
 
 
@@ -140,11 +142,11 @@ def run_separate(sess, cfg: GQAConfig, rng: np.random.Generator, past_lens, new_
     out, pk, pv = run_gqa(sess, cfg, step, past)
     want, ref_k, ref_v, valid = gqa_reference(
         cfg, step, None if past is None else past.key, None if past is None else past.value)
-    check_close(out, want, what + " output", valid)
+    check_close(out, want, what + " output", valid, cfg.dtype)
     if cfg.with_present:
-        check_close(pk, ref_k, what + " present_key")
-        check_close(pv, ref_v, what + " present_value")
+        check_close(pk, ref_k, what + " present_key", dtype=cfg.dtype)
+        check_close(pv, ref_v, what + " present_value", dtype=cfg.dtype)
     if other is not None:
         out_o, _, _ = run_gqa(other, cfg, step, past)
-        check_close(out, out_o, what + " output vs other EP", valid)
+        check_close(out, out_o, what + " output vs other EP", valid, cfg.dtype)
     return out

@@ -15,7 +15,7 @@ def test_help_lists_options(capsys):
     assert ei.value.code == 0
     out = capsys.readouterr().out
     for opt in ("--shapes", "--contexts", "--batches", "--threads", "--isa", "--repeats",
-                "--out", "--no-cpu-ep", "--quick", "--list-shapes"):
+                "--out", "--no-cpu-ep", "--quick", "--list-shapes", "--dtypes"):
         assert opt in out
 
 
@@ -33,24 +33,28 @@ def test_list_shapes(capsys):
         assert name in out
 
 
-def test_unknown_shape(capsys):
+def test_bad_choices(capsys):
     assert main(["gqa", "--shapes", "nope", "--no-progress"]) == 2
+    assert main(["gqa", "--dtypes", "bf16", "--no-progress"]) == 2
 
 
 def test_tiny_gqa_run(tmp_path, capsys):
     argv = ["gqa", "--shapes", "gpt-oss-20b", "--contexts", "33,257", "--batches", "1,2",
-            "--threads", "1", "--repeats", "2", "--warmup", "1", "--max-layers", "2",
+            "--threads", "1", "--dtypes", "f32,f16", "--repeats", "2", "--warmup", "1",
+            "--max-layers", "2",
             "--bw-bytes", "0.03", "--no-progress", "--out", str(tmp_path)]
     assert main(argv) == 0
     res = json.loads((tmp_path / "results.json").read_text())
     pts = res["points"]
     assert {p["ep"] for p in pts} == {"HinaMoE", "CPU"}
-    assert len(pts) == 2 * 2 * 2
+    assert len(pts) == 2 * 2 * 2 * 2 and {p["dtype"] for p in pts} == {"f32", "f16"}
     for p in pts:
         assert p["median_ms"] > 0 and p["gbs"] > 0 and p["pct_bw"]
-        assert p["kv_bytes"] == 2 * p["batch"] * 8 * p["context"] * 64 * 4
+        itemsize = 2 if p["dtype"] == "f16" else 4
+        assert p["kv_bytes"] == 2 * p["batch"] * 8 * p["context"] * 64 * itemsize
     for p in (p for p in pts if p["ep"] == "HinaMoE"):
         assert p["speedup_vs_cpu"] > 0
-        assert p["max_rel_diff_vs_cpu"] is not None and p["max_rel_diff_vs_cpu"] < 1e-4
+        limit = 1e-2 if p["dtype"] == "f16" else 1e-4
+        assert p["max_rel_diff_vs_cpu"] is not None and p["max_rel_diff_vs_cpu"] < limit
     assert (tmp_path / "gqa-latency.png").stat().st_size > 1000
     assert "gpt-oss-20b" in capsys.readouterr().out

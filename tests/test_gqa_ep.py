@@ -3,7 +3,7 @@ CPU EP: every supported feature, random configurations (G in 1/2/4/8,
 d in 64/80/128, ragged batch rows), prefill then decode with the KV cache
 shared between past and present (as onnxruntime-genai runs it), separate
 past/present, packed QKV, no past, no present outputs. Sessions disable the
-CPU EP fallback, so every result comes from HinaMoE."""
+CPU EP fallback, so every result comes from HinaMoE. float32 and float16."""
 
 from __future__ import annotations
 
@@ -28,6 +28,22 @@ def test_feature(feature, isa, rng, seed):
     hs, cs = hina_session(model, isa=isa, threads=2), cpu_session(model)
     what = f"HinaMoE isa={isa} seed {seed} [{cfg.describe()}]"
     run_sequence(hs, cfg, rng, [13, 6, 10], decode_steps=3, capacity=41, what=what, other=cs)
+    run_separate(hs, cfg, rng, [9, 3, 14], 1, past_capacity=20, what=what + " separate", other=cs)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("feature", ["plain", "packed", "rotary_interleaved", "position_ids",
+                                     "bias_and_softcap", "head_sink", "local_window"])
+def test_float16(feature, isa, rng, seed):
+    """float16 tensors (K/V read in place) against the reference and the CPU EP's float16 GQA."""
+    require_isa(isa)
+    cfg = GQAConfig(num_heads=8, kv_num_heads=2, head_dim=64, dtype="float16", **FEATURES[feature])
+    model = build_gqa_model(cfg)
+    hs, cs = hina_session(model, isa=isa, threads=2), cpu_session(model)
+    what = f"HinaMoE f16 isa={isa} seed {seed} [{cfg.describe()}]"
+    run_sequence(hs, cfg, rng, [13, 6, 10], decode_steps=3, capacity=41, what=what, other=cs)
+    run_sequence(hs, cfg, rng, [700, 333], decode_steps=2, capacity=720, what=what + " long",
+                 other=cs, prefill="random")
     run_separate(hs, cfg, rng, [9, 3, 14], 1, past_capacity=20, what=what + " separate", other=cs)
 
 
@@ -113,8 +129,8 @@ def test_long_context_sweep(isa, rng, seed):
     """Contexts up to ~3000 with odd lengths, random configs, decode steps,
     against the reference and the CPU EP."""
     require_isa(isa)
-    for _ in range(6):
-        cfg = random_config(rng)
+    for i in range(6):
+        cfg = random_config(rng, dtype="float16" if i % 3 == 2 else "float32")
         model = build_gqa_model(cfg)
         hs, cs = hina_session(model, isa=isa, threads=2), cpu_session(model)
         lens = [int(x) | 1 for x in rng.integers(1, 3000, size=int(rng.integers(1, 4)))]

@@ -144,7 +144,8 @@ OrtStatus* GqaKernel::compute(OrtKernelContext* context) const {
   gs.total_sequence_length = total;
 
   hinamoe::GqaTensors t;
-  t.dtype = hinamoe::GqaDType::F32;
+  const bool f16 = in[kQuery].GetTensorTypeAndShapeInfo().GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+  t.dtype = f16 ? hinamoe::GqaDType::F16 : hinamoe::GqaDType::F32;
   auto data = [&](int i) { return in[i] == nullptr ? nullptr : in[i].GetTensorRawData(); };
   t.query = data(kQuery);
   t.key = data(kKey);
@@ -209,18 +210,18 @@ OrtStatus* GqaKernel::compute(OrtKernelContext* context) const {
   Ort::UnownedValue pk{nullptr}, pv{nullptr};
   if (n_out > 1) pk = ctx.GetOutput(1, present_shape);
   if (n_out > 2) pv = ctx.GetOutput(2, present_shape);
-  const size_t cache_elems = static_cast<size_t>(b * nkv * gs.present_capacity * d);
-  std::vector<float> scratch_k, scratch_v;
+  const size_t cache_bytes = static_cast<size_t>(b * nkv * gs.present_capacity * d) * (f16 ? 2 : 4);
+  std::vector<float> scratch_k, scratch_v;  // float-aligned, sized in bytes of T
   if (pk != nullptr) {
-    t.present_key = cache_elems > 0 ? pk.GetTensorMutableRawData() : nullptr;
+    t.present_key = cache_bytes > 0 ? pk.GetTensorMutableRawData() : nullptr;
   } else {
-    scratch_k.resize(cache_elems);
+    scratch_k.resize((cache_bytes + 3) / 4);
     t.present_key = scratch_k.data();
   }
   if (pv != nullptr) {
-    t.present_value = cache_elems > 0 ? pv.GetTensorMutableRawData() : nullptr;
+    t.present_value = cache_bytes > 0 ? pv.GetTensorMutableRawData() : nullptr;
   } else {
-    scratch_v.resize(cache_elems);
+    scratch_v.resize((cache_bytes + 3) / 4);
     t.present_value = scratch_v.data();
   }
   if (b == 0) return nullptr;

@@ -56,18 +56,18 @@ std::string gqa_unsupported_reason(const Ort::ConstNode& node) {
 
   if (inputs.empty() || inputs[0] == nullptr) return "node has no query input";
   const auto t = elem_type(inputs[0]);
-  if (t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-    return "element type " + std::to_string(t) + " of 'query': HinaMoE runs float32 GroupQueryAttention only";
+  if (t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) {
+    return "element type " + std::to_string(t) + " of 'query': HinaMoE runs float32 and float16 GroupQueryAttention";
   }
-  // The KV cache may have its own type (T_CACHE): it must be float32 too.
+  // The KV cache may have its own type (T_CACHE): it must be the query's.
   for (size_t i : {3, 4}) {
-    if (i < inputs.size() && inputs[i] != nullptr && elem_type(inputs[i]) != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-      return std::string("input '") + (i == 3 ? "past_key" : "past_value") + "' is not float32 (quantised KV cache)";
+    if (i < inputs.size() && inputs[i] != nullptr && elem_type(inputs[i]) != t) {
+      return std::string("input '") + (i == 3 ? "past_key" : "past_value") + "' has another element type than 'query' (quantised KV cache)";
     }
   }
   for (size_t i : {1, 2}) {
-    if (i < outputs.size() && outputs[i] != nullptr && elem_type(outputs[i]) != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-      return std::string("output '") + (i == 1 ? "present_key" : "present_value") + "' is not float32";
+    if (i < outputs.size() && outputs[i] != nullptr && elem_type(outputs[i]) != t) {
+      return std::string("output '") + (i == 1 ? "present_key" : "present_value") + "' has another element type than 'query'";
     }
   }
   return "";

@@ -21,7 +21,8 @@ NAME = "gqa"
 HELP = "time one GroupQueryAttention decode step at real attention shapes (HinaMoE vs ORT CPU EP)"
 DESCRIPTION = """\
 Time one com.microsoft::GroupQueryAttention decode step (S = 1) per layer at
-the attention shapes of real models, as onnxruntime-genai runs it: float32,
+the attention shapes of real models, as onnxruntime-genai runs it: float32
+(or float16 with --dtypes),
 rotary inside the op (cos/sin caches), the KV cache shared between past and
 present (IOBinding), seqlens_k = context - 1.
 
@@ -31,7 +32,7 @@ few times the L3 cache, several independent caches ("layers") are cycled so
 K/V stream from DRAM as in a multi-layer decode.
 
 Reported per point: median latency (after warm-up), effective bandwidth =
-K and V bytes read (2 * B * kv_heads * context * head_dim * 4) / time, that
+K and V bytes read (2 * B * kv_heads * context * head_dim * element size) / time, that
 bandwidth as a % of the read bandwidth measured by
 hinamoe.measure_read_bandwidth(threads) in the same run (probed before and
 after; the larger value is used), and the speed-up over the CPU EP. The
@@ -59,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="batch sizes (default: 1,4)")
     g.add_argument("--threads", type=_csv(int), default=None, metavar="T,...",
                    help="intra_op_num_threads values (default: 1,2)")
+    g.add_argument("--dtypes", type=_csv(str), default=None, metavar="D,...",
+                   help="element types of the node: f32, f16 (default: f32)")
     g.add_argument("--isa", default="auto",
                    help="HinaMoE kernel tier: auto, ref, avx2, ... (default: auto)")
     g.add_argument("--no-rotary", action="store_true",
@@ -97,6 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class GqaPoint:
     shape: str
     ep: str  # "HinaMoE" or "CPU"
+    dtype: str  # f32 / f16
     threads: int
     batch: int
     context: int
@@ -117,12 +121,15 @@ class _Layer:
     def __init__(self, cfg, batch: int, context: int, rng: np.random.Generator):
         from ..models import KVCache, random_step
 
+        from ..models import np_dtype
+
         cap = context + 16
         shape = (batch, cfg.kv_num_heads, cap, cfg.head_dim)
-        self.cache = KVCache(rng.standard_normal(shape, dtype=np.float32),
-                             rng.standard_normal(shape, dtype=np.float32))
+        dt = np_dtype(cfg.dtype)
+        self.cache = KVCache(rng.standard_normal(shape, dtype=np.float32).astype(dt, copy=False),
+                             rng.standard_normal(shape, dtype=np.float32).astype(dt, copy=False))
         self.step = random_step(cfg, rng, [context - 1] * batch, 1, positions=cap)
-        self.out = np.zeros((batch, 1, cfg.num_heads * cfg.head_dim), np.float32)
+        self.out = np.zeros((batch, 1, cfg.num_heads * cfg.head_dim), dt)
 
     def bind(self, sess):
         import onnxruntime as ort
@@ -173,7 +180,7 @@ def _time(sess, layers, repeats: int, warmup: int):
 
 
 def run(args) -> int:
-    from ..models import ATTENTION_SHAPES, build_gqa_model
+    from ..models import ATTENTION_SHAPES, build_gqa_model, canon_dtype, short_dtype
 
     if args.list_shapes:
         print(f"{'shape':<16}{'heads':>6}{'kv':>4}{'d':>5}  {'sink':>4}  KV MB/token (f32)")
@@ -187,6 +194,14 @@ def run(args) -> int:
     unknown = [n for n in names if n not in ATTENTION_SHAPES]
     if unknown:
         print(f"unknown shape(s) {unknown}; known: {', '.join(ATTENTION_SHAPES)}", file=sys.stderr)
+        return 2
+    try:
+        dtypes = [short_dtype(canon_dtype(d)) for d in (args.dtypes or ["f32"])]
+    except ValueError as exc:
+        print(f"--dtypes: {exc}", file=sys.stderr)
+        return 2
+    if any(d not in ("f32", "f16") for d in dtypes):
+        print("--dtypes: f32 and f16 only", file=sys.stderr)
         return 2
     contexts = args.contexts or ([512, 2048, 8192] if quick else list(DEFAULT_CONTEXTS))
     batches = args.batches or ([1] if quick else list(DEFAULT_BATCHES))
@@ -241,26 +256,27 @@ def run(args) -> int:
         f"{t} thr {max(v):.1f} GB/s" if v else f"{t} thr n/a" for t, v in bandwidth_runs.items()))
 
     eps = (["HinaMoE"] if run_hina else []) + (["CPU"] if run_cpu else [])
-    total = len(names) * len(batches) * len(contexts) * len(threads) * len(eps)
+    total = len(names) * len(dtypes) * len(batches) * len(contexts) * len(threads) * len(eps)
     bar = None
     if tqdm is not None and not args.no_progress:
         bar = tqdm(total=total, unit="pt", desc="hina-bench gqa", dynamic_ncols=True, file=sys.stderr)
     points: list[GqaPoint] = []
     t_start = time.time()
     try:
-        for name in names:
+        for name, dt in ((n, d) for n in names for d in dtypes):
             shape = ATTENTION_SHAPES[name]
-            cfg = shape.config(do_rotary=not args.no_rotary)
+            cfg = shape.config(do_rotary=not args.no_rotary, dtype=canon_dtype(dt))
+            itemsize = 2 if dt == "f16" else 4
             model_bytes = build_gqa_model(cfg, name=name).SerializeToString()
             sessions = {(ep, t): _make_session(model_bytes, ep, t, args.isa)
                         for ep in eps for t in threads}
             for batch in batches:
                 for context in contexts:
-                    per_layer = shape.kv_bytes(batch, context + 16)
+                    per_layer = shape.kv_bytes(batch, context + 16, itemsize)
                     n_layers = int(min(args.max_layers,
                                        max(1, -(-args.min_cache_multiple * l3 // per_layer))))
                     if bar:
-                        bar.set_postfix_str(f"{name} B={batch} ctx={context}: {n_layers} cache(s)")
+                        bar.set_postfix_str(f"{name} {dt} B={batch} ctx={context}: {n_layers} cache(s)")
                     rng = np.random.default_rng([args.seed, batch, context])
                     layers = [_Layer(cfg, batch, context, rng) for _ in range(n_layers)]
                     warm = args.warmup if args.warmup is not None else max(2, n_layers)
@@ -268,12 +284,12 @@ def run(args) -> int:
                         outs = {}
                         for ep in eps:
                             if bar:
-                                bar.set_postfix_str(f"{name} B={batch} ctx={context} {ep} {thr}thr")
+                                bar.set_postfix_str(f"{name} {dt} B={batch} ctx={context} {ep} {thr}thr")
                             times, out = _time(sessions[(ep, thr)], layers, repeats, warm)
                             med = statistics.median(times)
-                            kv = shape.kv_bytes(batch, context)
+                            kv = shape.kv_bytes(batch, context, itemsize)
                             points.append(GqaPoint(
-                                shape=name, ep=ep, threads=thr, batch=batch, context=context,
+                                shape=name, ep=ep, dtype=dt, threads=thr, batch=batch, context=context,
                                 layers=n_layers, kv_bytes=kv, median_ms=med, min_ms=min(times),
                                 times_ms=[round(t, 4) for t in times], gbs=kv / (med * 1e-3) / 1e9))
                             outs[ep] = (points[-1], out)
@@ -317,7 +333,7 @@ def run(args) -> int:
             read_bandwidth_probes_gbs={str(k): v for k, v in bandwidth_runs.items()},
             bandwidth_probe_bytes=bw_bytes, repeats=repeats, seed=args.seed, elapsed_s=elapsed,
             shapes={n: asdict(ATTENTION_SHAPES[n]) for n in names},
-            notes=["gbs = K+V bytes read per step (2*B*kv_heads*context*head_dim*4) / median time",
+            notes=["gbs = K+V bytes read per step (2*B*kv_heads*context*head_dim*itemsize) / median time",
                    "speedup_vs_cpu: CPU EP median / HinaMoE median on the same node and buffers"])
         (out / "results.json").write_text(json.dumps(
             dict(meta=meta, points=[asdict(p) for p in points]), indent=1))

@@ -92,19 +92,19 @@ def print_gqa_table(points) -> None:
     shapes = list(dict.fromkeys(p.shape for p in points))
     by_key = {}
     for p in points:
-        by_key.setdefault((p.shape, p.batch, p.threads, p.context), {})[p.ep] = p
-    head = (f"{'shape':<16}{'B':>3}{'thr':>4}{'context':>8}{'HinaMoE ms':>12}{'GB/s':>7}{'%BW':>6}"
+        by_key.setdefault((p.shape, p.dtype, p.batch, p.threads, p.context), {})[p.ep] = p
+    head = (f"{'shape':<16}{'dtype':>6}{'B':>3}{'thr':>4}{'context':>8}{'HinaMoE ms':>12}{'GB/s':>7}{'%BW':>6}"
             f"{'CPU EP ms':>11}{'GB/s':>7}{'%BW':>6}{'x CPU':>7}{'diff':>9}")
     print()
     print(head)
     print("-" * len(head))
     last = None
-    for key in sorted(by_key, key=lambda k: (shapes.index(k[0]), k[1], k[2], k[3])):
-        if last is not None and key[:3] != last:
+    for key in sorted(by_key, key=lambda k: (shapes.index(k[0]), k[1], k[2], k[3], k[4])):
+        if last is not None and key[:4] != last:
             print()
-        last = key[:3]
+        last = key[:4]
         h, c = by_key[key].get("HinaMoE"), by_key[key].get("CPU")
-        cols = f"{key[0]:<16}{key[1]:>3}{key[2]:>4}{key[3]:>8}"
+        cols = f"{key[0]:<16}{key[1]:>6}{key[2]:>3}{key[3]:>4}{key[4]:>8}"
         for p, w in ((h, 12), (c, 11)):
             cols += (f"{_fmt(p and p.median_ms, '.3f'):>{w}}{_fmt(p and p.gbs, '.1f'):>7}"
                      f"{_fmt(p and p.pct_bw, '.0f'):>6}")
@@ -119,7 +119,7 @@ def print_gqa_table(points) -> None:
 
 def plot_gqa_latency(points, path, meta=None) -> Path:
     """``hina-bench gqa``: latency vs context, one panel per (shape, batch),
-    one line per (EP, threads)."""
+    one line per (EP, dtype, threads)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,6 +129,7 @@ def plot_gqa_latency(points, path, meta=None) -> Path:
     shapes = list(dict.fromkeys(p.shape for p in points))
     batches = sorted({p.batch for p in points})
     threads = sorted({p.threads for p in points})
+    dtypes = [d for d in ("f32", "f16") if any(p.dtype == d for p in points)]
     fig, axes = plt.subplots(len(batches), len(shapes), squeeze=False,
                              figsize=(4.6 * len(shapes), 3.6 * len(batches)))
     styles = {"HinaMoE": "-", "CPU": "--"}
@@ -137,14 +138,15 @@ def plot_gqa_latency(points, path, meta=None) -> Path:
         for c, shape in enumerate(shapes):
             ax = axes[r][c]
             sel = [p for p in points if p.shape == shape and p.batch == b]
+            series = [(dt, thr) for dt in dtypes for thr in threads]
             for ep in ("HinaMoE", "CPU"):
-                for i, thr in enumerate(threads):
-                    line = sorted((p for p in sel if p.ep == ep and p.threads == thr),
+                for i, (dt, thr) in enumerate(series):
+                    line = sorted((p for p in sel if p.ep == ep and p.threads == thr and p.dtype == dt),
                                   key=lambda p: p.context)
                     if line:
                         ax.plot([p.context for p in line], [p.median_ms for p in line], styles[ep],
                                 marker="o", ms=4, color=colors[i % len(colors)],
-                                label=f"{'HinaMoE' if ep == 'HinaMoE' else 'ORT CPU EP'} {thr} thr")
+                                label=f"{'HinaMoE' if ep == 'HinaMoE' else 'ORT CPU EP'} {dt} {thr} thr")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             plain = FuncFormatter(lambda v, _: f"{v:g}")
