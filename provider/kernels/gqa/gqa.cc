@@ -258,7 +258,7 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   }
   const GqaChunkFn chunk = dt == DType::F16 ? tier.chunk_f16 : tier.chunk;
 
-  // 3. Work items. A group is (b, h, tile of query tokens); its visible keys
+  // 2. Work items. A group is (b, h, tile of query tokens); its visible keys
   //    [klo, khi) are split over several items when there are too few groups
   //    to keep the threads busy (decode at batch 1).
   const int64_t tile_tok = std::max<int64_t>(1, kTileRows / G);
@@ -293,7 +293,6 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   const int64_t tile_rows_max = tile_tok * G;
   const int64_t state_floats = tile_rows_max * (d + 2);
   std::vector<float> partial(items > groups ? size_t(items * state_floats) : 0);
-
 
   // Row r of a tile = token i0 + r / G, head h*G + r % G.
   const bool use_sink = t.head_sink != nullptr || a.smooth_softmax;
