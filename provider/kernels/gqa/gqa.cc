@@ -37,6 +37,13 @@ RowLengths row_lengths(const GqaShape& s, const GqaTensors& t, int64_t b) {
   return r;
 }
 
+// Rotary position of token i of row b (gqa.h): ORT's first prompt takes one
+// base for all rows, later steps one position per token.
+int64_t rotary_position(const GqaShape& s, const GqaTensors& t, const RowLengths& r, int64_t b, int64_t i) {
+  if (s.seq == s.total_sequence_length) return (t.position_ids ? t.position_ids[0] : 0) + i;
+  return t.position_ids ? t.position_ids[b * s.seq + i] : r.past + i;
+}
+
 // Rotates one head vector (float) in place by cache row `pos` (see gqa.h);
 // the caches hold the op's element type.
 void rotate(float* x, const void* cos_c, const void* sin_c, int64_t pos, int64_t half, bool interleaved, DType dt) {
@@ -126,10 +133,16 @@ std::string gqa_validate(const GqaShape& s, const GqaAttrs& a, const GqaTensors&
     if (t.rotary_rows < s.total_sequence_length)
       return op + "cos_cache/sin_cache dim 0 (" + num(t.rotary_rows) +
              ") must be >= total_sequence_length (" + num(s.total_sequence_length) + ")";
+    if (first && t.position_ids) {
+      const int64_t base = t.position_ids[0];
+      if (base < 0 || base > t.rotary_rows - s.seq)
+        return op + "position_ids base value " + num(base) + " with sequence_length " + num(s.seq) +
+               " exceeds cos/sin cache range [0, " + num(t.rotary_rows) + ")";
+    }
     for (int64_t b = 0; b < s.batch; ++b) {
       const RowLengths r = row_lengths(s, t, b);
       for (int64_t i = 0; i < s.seq; ++i) {
-        const int64_t p = t.position_ids ? t.position_ids[b * s.seq + i] : (first ? i : r.past + i);
+        const int64_t p = rotary_position(s, t, r, b, i);
         if (p < 0 || p >= t.rotary_rows)
           return op + "position " + num(p) + " (batch " + num(b) + ", token " + num(i) +
                  ") is outside cos_cache/sin_cache (" + num(t.rotary_rows) + " rows)";
@@ -159,7 +172,6 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   const int64_t B = s.batch, S = s.seq, N = s.num_heads, Nkv = s.kv_num_heads, d = s.head_dim;
   const int64_t G = N / Nkv, cap = s.present_capacity;
   const bool packed = t.key == nullptr;
-  const bool first = S == s.total_sequence_length;
   const bool shared = t.past_key != nullptr && t.past_key == t.present_key;
   const float alpha = a.scale == 0.0f ? 1.0f / std::sqrt(float(d)) : a.scale;
 
@@ -177,9 +189,7 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
 
   std::vector<RowLengths> rows(B);
   for (int64_t b = 0; b < B; ++b) rows[b] = row_lengths(s, t, b);
-  auto position = [&](int64_t b, int64_t i) {
-    return t.position_ids ? t.position_ids[b * S + i] : (first ? i : rows[b].past + i);
-  };
+  auto position = [&](int64_t b, int64_t i) { return rotary_position(s, t, rows[b], b, i); };
 
   // 1. Per (b, KV head): the present rows (past rows for separate buffers,
   //    the new K rotated and V), and the G query heads rotated (rounded to T
@@ -248,7 +258,7 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   }
   const GqaChunkFn chunk = dt == DType::F16 ? tier.chunk_f16 : tier.chunk;
 
-  // 3. Work items. A group is (b, h, tile of query tokens); its visible keys
+  // 2. Work items. A group is (b, h, tile of query tokens); its visible keys
   //    [klo, khi) are split over several items when there are too few groups
   //    to keep the threads busy (decode at batch 1).
   const int64_t tile_tok = std::max<int64_t>(1, kTileRows / G);
@@ -284,9 +294,8 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   const int64_t state_floats = tile_rows_max * (d + 2);
   std::vector<float> partial(items > groups ? size_t(items * state_floats) : 0);
 
-  const bool use_sink = sink != nullptr || a.smooth_softmax;
-
   // Row r of a tile = token i0 + r / G, head h*G + r % G.
+  const bool use_sink = t.head_sink != nullptr || a.smooth_softmax;
   auto finalize = [&](int64_t b, int64_t h, int64_t i0, int64_t nrows, const float* m, const float* l,
                       const float* acc) {
     for (int64_t r = 0; r < nrows; ++r) {

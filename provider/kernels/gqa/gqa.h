@@ -27,22 +27,28 @@
 // * Rotary (do_rotary). cos/sin caches [max_pos, R/2], R = rotary dim <= d;
 //   dims [R, d) pass through. Non-interleaved: x[i], x[i + R/2] rotate as a
 //   pair; interleaved: x[2i], x[2i+1]. Both Q and new K are rotated; V never.
-//   Position of token s of row b: position_ids[b, s] when given, else
-//   s on the first prompt and past_b + s otherwise.
+//   Position of token s of row b: on the first prompt base + s for every
+//   row, base = position_ids[0, 0] when given, else 0 (ORT reads only that
+//   one element then); otherwise position_ids[b, s] when given, else
+//   past_b + s.
 // * Scores for query token s of row b against key j:
 //     x = scale * q.k          (scale 0 means 1/sqrt(d))
 //     x = softcap * tanh(x / softcap)          if softcap > 0
 //     x = x + attention_bias[b|0, n|0, s, j]    if attention_bias is given
-//   Visible keys: j < L where L = min(past_b + s + 1, total_b) (causal; the
-//   min keeps padded prompt tokens inside the row), and with a local window
-//   W > 0 only the last W of them: j >= L - W.
+//   Visible keys: j < L = min(past_b + s + 1, total_b) (causal; the min
+//   keeps padded prompt tokens inside their row), and with a local window
+//   W > 0 only the last W of them: j >= L - W. (This is what later ORT
+//   versions compute. For padded tokens -- s >= total_b in a right-padded
+//   first prompt -- ORT 1.32 itself reads score slots it never wrote once
+//   past_b + s + 1 > total_b, so its outputs there are not reproducible; all
+//   other outputs are.)
 // * Softmax over the visible keys. With smooth_softmax or head_sink, one
 //   extra logit takes part in the denominator only: sink = head_sink[n]
 //   (0 when only smooth_softmax is set):
 //     p_j = exp(x_j - m) / (exp(sink - m) + sum_k exp(x_k - m)),
 //     m = max(sink, max_k x_k).
 //   out[b, s, n, :] = sum_j p_j * V[j, :]. A query whose visible scores are
-//   all -inf (an attention_bias mask) gets 0, as in ORT.
+//   all -inf (an attention_bias mask) gets 0 too, as in ORT.
 #pragma once
 
 #include <cstdint>
@@ -97,7 +103,7 @@ struct GqaTensors {
   int64_t rotary_rows = 0;          // max position + 1 the caches cover
   int64_t rotary_half = 0;          // R / 2
 
-  const int64_t* position_ids = nullptr;  // [B, S] or null (derived, see above)
+  const int64_t* position_ids = nullptr;  // [B, S] or null (see "Position" above)
 
   const void* attention_bias = nullptr;  // [bias_batch, bias_heads, S, bias_keys] or null
   int64_t bias_batch = 1;                // B or 1 (broadcast)

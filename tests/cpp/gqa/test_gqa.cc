@@ -79,6 +79,7 @@ Inputs random_inputs(const Config& c) {
     if (c.pos_ids) {
       in.pos.resize(size_t(c.B * c.S));
       for (auto& p : in.pos) p = ht::randint(0, c.rot_rows - 1);
+      if (c.S == c.total_seq) in.pos[0] = ht::randint(0, c.rot_rows - c.S);  // the first prompt's base
     }
   }
   if (c.bias) fill(in.bias, size_t(c.bias_b * c.bias_n * c.S * c.total_seq), 2);
@@ -123,7 +124,12 @@ std::vector<double> reference_step(const Config& c, const Inputs& in, RefCache& 
   std::vector<double> out(size_t(c.B * c.S * c.N * d));
   for (int64_t b = 0; b < c.B; ++b) {
     const int64_t total = c.seqlens[b] + 1, past = first ? 0 : total - c.S;
-    auto pos = [&](int64_t s) { return c.pos_ids ? in.pos[size_t(b * c.S + s)] : past + s; };
+    // ORT: the first prompt rotates every row from one base (position_ids[0]
+    // or 0), later steps take a position per token.
+    auto pos = [&](int64_t s) {
+      if (first) return (c.pos_ids ? in.pos[0] : 0) + s;
+      return c.pos_ids ? in.pos[size_t(b * c.S + s)] : past + s;
+    };
     for (int64_t h = 0; h < c.Nkv; ++h)
       for (int64_t s = 0; s < c.S; ++s) {
         std::vector<double> kv(ksrc(b, s, h), ksrc(b, s, h) + d);
@@ -138,7 +144,7 @@ std::vector<double> reference_step(const Config& c, const Inputs& in, RefCache& 
       for (int64_t s = 0; s < c.S; ++s) {
         std::vector<double> q(qsrc(b, s, n), qsrc(b, s, n) + d);
         if (c.attrs.do_rotary) rope_ref(q, c, in, pos(s));
-        const int64_t L = std::min(past + s + 1, total);
+        const int64_t L = std::min(past + s + 1, total);  // padded prompt tokens stop at the row's end
         const int64_t W = c.attrs.local_window_size;
         const int64_t lo = (W > 0 && L > W) ? L - W : 0;
         std::vector<double> x;
