@@ -168,21 +168,13 @@ OrtStatus* GqaKernel::compute(OrtKernelContext* context) const {
     t.rotary_rows = cs[0];
     t.rotary_half = cs[1];
   }
-  // position_ids only steer rotary (ORT ignores them otherwise).
-  std::vector<int64_t> prompt_positions;
+  // position_ids only steer rotary (ORT ignores them otherwise). On a first
+  // prompt gqa() reads only position_ids[0, 0], as ORT does.
   if (in[kPositionIds] != nullptr && attrs.op.do_rotary) {
     if (shape[kPositionIds] != std::vector<int64_t>{b, s}) {
       return bad_shape(kPositionIds, "[" + std::to_string(b) + ", " + std::to_string(s) + "] (batch, seq of 'query')");
     }
     t.position_ids = in[kPositionIds].GetTensorData<int64_t>();
-    if (s == total && b * s > 0) {
-      // First prompt: ORT reads only position_ids[0, 0] and counts up from it in every row.
-      prompt_positions.resize(static_cast<size_t>(b * s));
-      for (int64_t r = 0; r < b; ++r) {
-        for (int64_t j = 0; j < s; ++j) prompt_positions[r * s + j] = t.position_ids[0] + j;
-      }
-      t.position_ids = prompt_positions.data();
-    }
   }
   if (in[kBias] != nullptr) {
     const auto& bs = shape[kBias];
