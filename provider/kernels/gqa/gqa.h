@@ -48,7 +48,7 @@
 //     p_j = exp(x_j - m) / (exp(sink - m) + sum_k exp(x_k - m)),
 //     m = max(sink, max_k x_k).
 //   out[b, s, n, :] = sum_j p_j * V[j, :]. A query whose visible scores are
-//   all -inf (an attention_bias mask) gets 0 too, as in ORT.
+//   all -inf (an attention_bias mask) gets 0, as in ORT.
 #pragma once
 
 #include <cstdint>
