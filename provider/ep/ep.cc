@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "ep_factory.h"
+#include "gqa_support.h"
 #include "moe_support.h"
 
 namespace hinamoe_ep {
@@ -95,6 +96,8 @@ OrtStatus* ORT_API_CALL HinaEp::GetCapabilityImpl(OrtEp* this_ptr, const OrtGrap
     std::string why_not;
     if (node.GetOperatorType() == "MoE") {
       why_not = moe_unsupported_reason(node);
+    } else if (node.GetOperatorType() == "GroupQueryAttention") {
+      why_not = gqa_unsupported_reason(node);
     } else {
       continue;
     }

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "gqa_kernel.h"
 #include "moe_kernel.h"
 
 namespace hinamoe_ep {
@@ -33,6 +34,20 @@ OrtStatus* create_kernel_registry(const char* ep_name, OrtKernelRegistry** out) 
                                .AddTypeConstraint("T", moe_types)
                                .Build();
   Ort::ThrowOnError(registry.AddKernel(moe_def, create_moe_kernel, nullptr));
+
+  // com.microsoft::GroupQueryAttention, T in {float, float16}, M = int32
+  // (GetCapability checks that the KV cache has T's type).
+  Ort::KernelDef gqa_def = Ort::KernelDefBuilder()
+                               .SetOperatorType("GroupQueryAttention")
+                               .SetDomain("com.microsoft")
+                               .SetSinceVersion(1, 1)
+                               .SetExecutionProvider(ep_name)
+                               .AddTypeConstraint("T", std::vector<const OrtDataType*>{
+                                                           tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT),
+                                                           tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16)})
+                               .AddTypeConstraint("M", tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32))
+                               .Build();
+  Ort::ThrowOnError(registry.AddKernel(gqa_def, create_gqa_kernel, nullptr));
 
   *out = registry.release();
   return nullptr;

@@ -84,3 +84,89 @@ def plot_latency(points, path, meta=None) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def print_gqa_table(points) -> None:
+    """``hina-bench gqa``: one row per (shape, batch, threads, context), the
+    EPs side by side; speed-up = CPU EP time / HinaMoE time."""
+    shapes = list(dict.fromkeys(p.shape for p in points))
+    by_key = {}
+    for p in points:
+        by_key.setdefault((p.shape, p.dtype, p.batch, p.threads, p.context), {})[p.ep] = p
+    head = (f"{'shape':<16}{'dtype':>6}{'B':>3}{'thr':>4}{'context':>8}{'HinaMoE ms':>12}{'GB/s':>7}{'%BW':>6}"
+            f"{'CPU EP ms':>11}{'GB/s':>7}{'%BW':>6}{'x CPU':>7}{'diff':>9}")
+    print()
+    print(head)
+    print("-" * len(head))
+    last = None
+    for key in sorted(by_key, key=lambda k: (shapes.index(k[0]), k[1], k[2], k[3], k[4])):
+        if last is not None and key[:4] != last:
+            print()
+        last = key[:4]
+        h, c = by_key[key].get("HinaMoE"), by_key[key].get("CPU")
+        cols = f"{key[0]:<16}{key[1]:>6}{key[2]:>3}{key[3]:>4}{key[4]:>8}"
+        for p, w in ((h, 12), (c, 11)):
+            cols += (f"{_fmt(p and p.median_ms, '.3f'):>{w}}{_fmt(p and p.gbs, '.1f'):>7}"
+                     f"{_fmt(p and p.pct_bw, '.0f'):>6}")
+        cols += (f"{_fmt(h and h.speedup_vs_cpu, '.2f'):>7}"
+                 f"{_fmt(h and h.max_rel_diff_vs_cpu, '.1e'):>9}")
+        print(cols)
+    print()
+    print("GB/s = K+V bytes read per decode step / median time; %BW = of the measured read "
+          "bandwidth;\nx CPU = speed-up over ORT's CPU EP on the same node; diff = max |HinaMoE - "
+          "CPU EP| / max |CPU EP|.")
+
+
+def plot_gqa_latency(points, path, meta=None) -> Path:
+    """``hina-bench gqa``: latency vs context, one panel per (shape, batch),
+    one line per (EP, dtype, threads)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    shapes = list(dict.fromkeys(p.shape for p in points))
+    batches = sorted({p.batch for p in points})
+    threads = sorted({p.threads for p in points})
+    dtypes = [d for d in ("f32", "f16") if any(p.dtype == d for p in points)]
+    fig, axes = plt.subplots(len(batches), len(shapes), squeeze=False,
+                             figsize=(4.6 * len(shapes), 3.6 * len(batches)))
+    styles = {"HinaMoE": "-", "CPU": "--"}
+    colors = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
+    for r, b in enumerate(batches):
+        for c, shape in enumerate(shapes):
+            ax = axes[r][c]
+            sel = [p for p in points if p.shape == shape and p.batch == b]
+            series = [(dt, thr) for dt in dtypes for thr in threads]
+            for ep in ("HinaMoE", "CPU"):
+                for i, (dt, thr) in enumerate(series):
+                    line = sorted((p for p in sel if p.ep == ep and p.threads == thr and p.dtype == dt),
+                                  key=lambda p: p.context)
+                    if line:
+                        ax.plot([p.context for p in line], [p.median_ms for p in line], styles[ep],
+                                marker="o", ms=4, color=colors[i % len(colors)],
+                                label=f"{'HinaMoE' if ep == 'HinaMoE' else 'ORT CPU EP'} {dt} {thr} thr")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            plain = FuncFormatter(lambda v, _: f"{v:g}")
+            ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))  # 1, 2, 5, 10, ...
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
+            ctx = sorted({p.context for p in sel})
+            ax.set_xticks(ctx)
+            ax.set_xticklabels([str(x) for x in ctx])
+            ax.set_title(f"{shape} (batch {b})", fontsize=10)
+            ax.set_xlabel("context (tokens in the KV cache)")
+            ax.set_ylabel("latency per layer (ms)")
+            ax.grid(alpha=0.3)
+            if r == 0 and c == 0:
+                ax.legend(fontsize=8)
+    if meta:
+        fig.suptitle(f"GQA decode latency - {meta.get('cpu', '')}, onnxruntime "
+                     f"{meta.get('onnxruntime', '')}, tier {meta.get('tier') or '-'}", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

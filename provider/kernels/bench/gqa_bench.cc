@@ -1,0 +1,132 @@
+// Micro-benchmark of the GQA decode step (not run in CI; the user-facing
+// benchmark is `hina-bench gqa`).
+//
+//   hinamoe_gqa_bench [--heads 32/4,32/8,64/8] [--d 128,128,64] [--ctx 512,2048,8192,32768]
+//                     [--batch 1,4] [--threads 2] [--tier auto|ref|avx2|...] [--prefill]
+//
+// One decode step (S = 1) per call on a shared KV buffer of capacity ctx + 1,
+// every row at context ctx. Reports the best time over repeated calls, the
+// K+V bytes read per second, and their share of the measured read bandwidth.
+// --prefill times first prompts of ctx tokens instead (GB/s is then only
+// the K+V bytes over the time, not a bandwidth figure).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bandwidth.h"
+#include "gqa/gqa.h"
+#include "thread_pool.h"
+
+using namespace hinamoe;
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t a = 0;
+  while (a <= s.size()) {
+    size_t b = s.find(',', a);
+    if (b == std::string::npos) b = s.size();
+    if (b > a) out.push_back(s.substr(a, b - a));
+    a = b + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string heads = "32/4,32/8,64/8", dims = "128,128,64", ctxs = "512,2048,8192,32768", batches = "1,4";
+  std::string tier_name = "auto";
+  int threads = 2;
+  bool prefill = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--heads") heads = next();
+    else if (a == "--d") dims = next();
+    else if (a == "--ctx") ctxs = next();
+    else if (a == "--batch") batches = next();
+    else if (a == "--threads") threads = std::atoi(next().c_str());
+    else if (a == "--tier") tier_name = next();
+    else if (a == "--prefill") prefill = true;
+    else {
+      std::printf("usage: %s [--heads N/Nkv,...] [--d d,...] [--ctx T,...] [--batch B,...] [--threads n] [--tier name] [--prefill]\n",
+                  argv[0]);
+      return a == "--help" || a == "-h" ? 0 : 2;
+    }
+  }
+  std::string err;
+  const GqaTier* tier = select_gqa_tier(tier_name, &err);
+  if (!tier) {
+    std::printf("%s\n", err.c_str());
+    return 2;
+  }
+  ThreadPool pool(threads);
+  const Parallel par = threads > 1 ? pool.parallel() : serial();
+  double probe = 0;
+  for (int i = 0; i < 3; ++i) probe = std::max(probe, read_bandwidth_gbs(size_t(1) << 30, threads, 5));
+  std::printf("gqa tier %s, %d threads, read bandwidth probe %.1f GB/s\n", tier->name, threads, probe);
+  std::printf("%-8s %4s %6s %5s %10s %8s %6s\n", "heads", "d", "ctx", "batch", "ms", "GB/s", "%bw");
+
+  const auto hs = split(heads), ds = split(dims);
+  std::mt19937 g(1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (size_t hi = 0; hi < hs.size(); ++hi) {
+    const int64_t N = std::atoll(hs[hi].c_str()), Nkv = std::atoll(hs[hi].substr(hs[hi].find('/') + 1).c_str());
+    const int64_t d = std::atoll(ds[std::min(hi, ds.size() - 1)].c_str());
+    for (const std::string& bs : split(batches)) {
+      const int64_t B = std::atoll(bs.c_str());
+      for (const std::string& cs : split(ctxs)) {
+        const int64_t T = std::atoll(cs.c_str()), cap = T + 1, S = prefill ? T : 1;
+        std::vector<float> kv_k(size_t(B * Nkv * cap * d)), kv_v(kv_k.size()), q(size_t(B * S * N * d)),
+            k(size_t(B * S * Nkv * d)), v(k.size()), out(q.size());
+        for (auto* vec : {&kv_k, &kv_v, &q, &k, &v})
+          for (auto& x : *vec) x = u(g);
+        std::vector<int32_t> seqlens(size_t(B), int32_t(T - 1));  // T tokens after this step
+        GqaShape sh;
+        sh.batch = B;
+        sh.seq = S;
+        sh.num_heads = N;
+        sh.kv_num_heads = Nkv;
+        sh.head_dim = d;
+        sh.past_capacity = cap;
+        sh.present_capacity = cap;
+        sh.total_sequence_length = T;
+        GqaTensors t;
+        t.query = q.data();
+        t.key = k.data();
+        t.value = v.data();
+        t.past_key = t.present_key = kv_k.data();
+        t.past_value = t.present_value = kv_v.data();
+        t.seqlens_k = seqlens.data();
+        t.output = out.data();
+        GqaAttrs attrs;
+        std::string e = gqa(sh, attrs, t, *tier, par);
+        if (!e.empty()) {
+          std::printf("%s\n", e.c_str());
+          return 1;
+        }
+        std::vector<double> times;
+        const double start = now();
+        while (times.size() < 5 || (now() - start < 0.5 && times.size() < 5000)) {
+          const double t0 = now();
+          gqa(sh, attrs, t, *tier, par);
+          times.push_back(now() - t0);
+        }
+        const double best = *std::min_element(times.begin(), times.end());
+        const double bytes = 2.0 * B * Nkv * T * d * sizeof(float);
+        std::printf("%-8s %4lld %6lld %5lld %10.4f %8.1f %5.0f%%\n", hs[hi].c_str(), (long long)d, (long long)T,
+                    (long long)B, best * 1e3, bytes / best / 1e9, 100.0 * bytes / best / 1e9 / probe);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,256 @@
+// The AVX2 GQA chunk kernel. The query rows of a block (the G heads sharing
+// this KV head, times the tile's tokens) are scored against each key row
+// while it is in cache -- scores = Q_block * K^T with 4 rows x 2 keys of
+// accumulators -- and P * V runs with 4 rows x 16 columns of accumulators,
+// so every K and V row is read from memory once for all G heads.
+//
+// Only functions with HINAMOE_AVX2 carry target("avx2,fma"); the file is
+// built for baseline x86-64 (see gemm_rows_avx2.cc).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "dtype.h"
+#include "gqa/gqa.h"
+
+#define HINAMOE_AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#define HINAMOE_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+
+namespace hinamoe {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// K/V element types: float, or IEEE half bits widened with vcvtph2ps.
+template <DType DT> struct Elem { using T = uint16_t; };
+template <> struct Elem<DType::F32> { using T = float; };
+
+template <DType DT>
+HINAMOE_AVX2_INLINE __m256 load8(const typename Elem<DT>::T* p) {
+  if constexpr (DT == DType::F32) {
+    return _mm256_loadu_ps(p);
+  } else {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+}
+
+HINAMOE_AVX2_INLINE float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+HINAMOE_AVX2_INLINE float hmax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// exp(x) for x <= 0 (scores minus their max): Cody-Waite reduction to
+// 2^n * exp(f), |f| <= ln2/2, degree-6 polynomial (relative error ~2 ulp).
+// Inputs below -87.3 (including -inf) give 0.
+HINAMOE_AVX2_INLINE __m256 exp_nonpos(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  f = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), f);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+// sc[r*ld + j] = q_r . k_j for rows [0, R), keys [j0, j1) (j relative to j0).
+template <DType DT, int RB>
+HINAMOE_AVX2_INLINE void scores_block(const float* q, int64_t d, const typename Elem<DT>::T* k, int64_t kv_stride,
+                                      int64_t nk, float* sc, int64_t ld) {
+  int64_t j = 0;
+  for (; j + 2 <= nk; j += 2) {
+    const auto* k0 = k + j * kv_stride;
+    const auto* k1 = k0 + kv_stride;
+    __m256 s0[RB], s1[RB];
+    for (int r = 0; r < RB; ++r) s0[r] = s1[r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d; c += 8) {
+      const __m256 a = load8<DT>(k0 + c), b = load8<DT>(k1 + c);
+      for (int r = 0; r < RB; ++r) {
+        const __m256 x = _mm256_loadu_ps(q + r * d + c);
+        s0[r] = _mm256_fmadd_ps(x, a, s0[r]);
+        s1[r] = _mm256_fmadd_ps(x, b, s1[r]);
+      }
+    }
+    if constexpr (RB == 4) {
+      // Reduce the 8 accumulators together: two hadd levels leave per-lane
+      // partial sums [r0 r1 r2 r3] of each key; adding the halves finishes.
+      const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(s0[0], s0[1]), _mm256_hadd_ps(s0[2], s0[3]));
+      const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(s1[0], s1[1]), _mm256_hadd_ps(s1[2], s1[3]));
+      alignas(16) float t0[4], t1[4];
+      _mm_store_ps(t0, _mm_add_ps(_mm256_castps256_ps128(u0), _mm256_extractf128_ps(u0, 1)));
+      _mm_store_ps(t1, _mm_add_ps(_mm256_castps256_ps128(u1), _mm256_extractf128_ps(u1, 1)));
+      for (int r = 0; r < 4; ++r) {
+        sc[r * ld + j] = t0[r];
+        sc[r * ld + j + 1] = t1[r];
+      }
+    } else {
+      for (int r = 0; r < RB; ++r) {
+        sc[r * ld + j] = hsum(s0[r]);
+        sc[r * ld + j + 1] = hsum(s1[r]);
+      }
+    }
+  }
+  if (j < nk) {
+    const auto* k0 = k + j * kv_stride;
+    __m256 s0[RB];
+    for (int r = 0; r < RB; ++r) s0[r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d; c += 8) {
+      const __m256 a = load8<DT>(k0 + c);
+      for (int r = 0; r < RB; ++r) s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * d + c), a, s0[r]);
+    }
+    for (int r = 0; r < RB; ++r) sc[r * ld + j] = hsum(s0[r]);
+  }
+}
+
+// acc[r*d + :] += sum_j p[r*ld + j] * v_j for rows [0, RB).
+template <DType DT, int RB>
+HINAMOE_AVX2_INLINE void pv_block(const float* p, int64_t ld, const typename Elem<DT>::T* v, int64_t kv_stride,
+                                  int64_t nk, int64_t d, float* acc) {
+  int64_t c = 0;
+  for (; c + 16 <= d; c += 16) {
+    __m256 a0[RB], a1[RB];
+    for (int r = 0; r < RB; ++r) {
+      a0[r] = _mm256_loadu_ps(acc + r * d + c);
+      a1[r] = _mm256_loadu_ps(acc + r * d + c + 8);
+    }
+    for (int64_t j = 0; j < nk; ++j) {
+      const auto* vj = v + j * kv_stride + c;
+      const __m256 x0 = load8<DT>(vj), x1 = load8<DT>(vj + 8);
+      for (int r = 0; r < RB; ++r) {
+        const __m256 w = _mm256_broadcast_ss(p + r * ld + j);
+        a0[r] = _mm256_fmadd_ps(w, x0, a0[r]);
+        a1[r] = _mm256_fmadd_ps(w, x1, a1[r]);
+      }
+    }
+    for (int r = 0; r < RB; ++r) {
+      _mm256_storeu_ps(acc + r * d + c, a0[r]);
+      _mm256_storeu_ps(acc + r * d + c + 8, a1[r]);
+    }
+  }
+  if (c < d) {  // d % 16 == 8
+    __m256 a0[RB];
+    for (int r = 0; r < RB; ++r) a0[r] = _mm256_loadu_ps(acc + r * d + c);
+    for (int64_t j = 0; j < nk; ++j) {
+      const __m256 x0 = load8<DT>(v + j * kv_stride + c);
+      for (int r = 0; r < RB; ++r) a0[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * ld + j), x0, a0[r]);
+    }
+    for (int r = 0; r < RB; ++r) _mm256_storeu_ps(acc + r * d + c, a0[r]);
+  }
+}
+
+template <DType DT>
+HINAMOE_AVX2_FN void chunk_avx2(const GqaChunkArgs& a) {
+  using E = typename Elem<DT>::T;
+  const int64_t d = a.d;
+  // The block's key range: the union of the rows' visible ranges in the chunk.
+  int64_t j0 = a.k1, j1 = a.k0;
+  for (int64_t r = 0; r < a.rows; ++r) {
+    j0 = std::min(j0, std::max(a.k0, a.lo[r]));
+    j1 = std::max(j1, std::min(a.k1, a.hi[r]));
+  }
+  if (j0 >= j1) return;
+  const int64_t nk = j1 - j0, ld = nk;
+  float* sc = a.scratch;
+  const E* k = static_cast<const E*>(a.k) + j0 * a.kv_stride;
+  const E* v = static_cast<const E*>(a.v) + j0 * a.kv_stride;
+
+  int64_t r = 0;
+  for (; r + 4 <= a.rows; r += 4) scores_block<DT, 4>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld);
+  switch (a.rows - r) {
+    case 3: scores_block<DT, 3>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld); break;
+    case 2: scores_block<DT, 2>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld); break;
+    case 1: scores_block<DT, 1>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld); break;
+    default: break;
+  }
+
+  // Softcap, bias, mask; then the online-softmax update of each row.
+  for (r = 0; r < a.rows; ++r) {
+    float* s = sc + r * ld;
+    const int64_t vis0 = std::max(j0, a.lo[r]) - j0, vis1 = std::min(j1, a.hi[r]) - j0;
+    if (a.softcap > 0.0f)
+      for (int64_t j = vis0; j < vis1; ++j) s[j] = a.softcap * std::tanh(s[j] / a.softcap);
+    if (a.bias) {
+      const float* bias = a.bias[r] + j0;
+      for (int64_t j = vis0; j < vis1; ++j) s[j] += bias[j];
+    }
+    if (vis0 >= vis1) {  // row sees nothing here: weights 0, state unchanged
+      std::fill(s, s + nk, 0.0f);
+      continue;
+    }
+    std::fill(s, s + vis0, kNegInf);
+    std::fill(s + vis1, s + nk, kNegInf);
+
+    __m256 mv = _mm256_set1_ps(a.m[r]);
+    int64_t j = 0;
+    for (; j + 8 <= nk; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + j));
+    float mx = hmax(mv);
+    for (; j < nk; ++j) mx = std::max(mx, s[j]);
+    if (mx == kNegInf) {  // every visible key masked by a -inf bias: weights 0 (ORT's output is 0)
+      std::fill(s, s + nk, 0.0f);
+      continue;
+    }
+
+    const float f = a.m[r] == kNegInf ? 0.0f : std::exp(a.m[r] - mx);
+    const __m256 mb = _mm256_set1_ps(mx);
+    __m256 lv = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= nk; j += 8) {
+      const __m256 e = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), mb));
+      _mm256_storeu_ps(s + j, e);
+      lv = _mm256_add_ps(lv, e);
+    }
+    float l = hsum(lv);
+    for (; j < nk; ++j) {
+      s[j] = s[j] == kNegInf ? 0.0f : std::exp(s[j] - mx);
+      l += s[j];
+    }
+    a.l[r] = a.l[r] * f + l;
+    a.m[r] = mx;
+    if (f != 1.0f) {
+      float* acc = a.acc + r * d;
+      const __m256 fv = _mm256_set1_ps(f);
+      for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(acc + c, _mm256_mul_ps(fv, _mm256_loadu_ps(acc + c)));
+    }
+  }
+
+  for (r = 0; r + 4 <= a.rows; r += 4) pv_block<DT, 4>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d);
+  switch (a.rows - r) {
+    case 3: pv_block<DT, 3>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d); break;
+    case 2: pv_block<DT, 2>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d); break;
+    case 1: pv_block<DT, 1>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+const GqaTier& gqa_avx2_tier() {
+  static const GqaTier t = [] {
+    GqaTier x;
+    x.name = "avx2";
+    x.chunk = chunk_avx2<DType::F32>;
+    x.chunk_f16 = chunk_avx2<DType::F16>;
+    return x;
+  }();
+  return t;
+}
+
+}  // namespace hinamoe

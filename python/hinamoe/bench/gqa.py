@@ -1,0 +1,347 @@
+"""``hina-bench gqa``: one ``com.microsoft::GroupQueryAttention`` decode step
+at the attention shapes of real models."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .ffn import _cpu_name, _csv, _l3_bytes
+
+NAME = "gqa"
+HELP = "time one GroupQueryAttention decode step at real attention shapes (HinaMoE vs ORT CPU EP)"
+DESCRIPTION = """\
+Time one com.microsoft::GroupQueryAttention decode step (S = 1) per layer at
+the attention shapes of real models, as onnxruntime-genai runs it: float32
+(or float16 with --dtypes),
+rotary inside the op (cos/sin caches), the KV cache shared between past and
+present (IOBinding), seqlens_k = context - 1.
+
+Every point runs the same node on HinaMoE and on ONNX Runtime's CPU EP, on
+the same cache buffers and inputs. When one layer's cache is smaller than a
+few times the L3 cache, several independent caches ("layers") are cycled so
+K/V stream from DRAM as in a multi-layer decode.
+
+Reported per point: median latency (after warm-up), effective bandwidth =
+K and V bytes read (2 * B * kv_heads * context * head_dim * element size) / time, that
+bandwidth as a % of the read bandwidth measured by
+hinamoe.measure_read_bandwidth(threads) in the same run (probed before and
+after; the larger value is used), and the speed-up over the CPU EP. The
+max relative difference between the two EPs' outputs is shown as a check.
+
+Examples:
+  hina-bench gqa                                   # all shapes, contexts, batches, 1 and 2 threads
+  hina-bench gqa --quick                           # a short smoke run
+  hina-bench gqa --shapes mixtral-8x7b --contexts 2048,32768 --batches 1 --threads 2 --out res/
+  hina-bench gqa --list-shapes
+"""
+
+DEFAULT_CONTEXTS = (512, 2048, 8192, 32768)
+DEFAULT_BATCHES = (1, 4)
+DEFAULT_THREADS = (1, 2)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("what to measure")
+    g.add_argument("--shapes", type=_csv(str), default=None, metavar="S1,S2",
+                   help="attention shapes (default: all; see --list-shapes)")
+    g.add_argument("--contexts", type=_csv(int), default=None, metavar="C,...",
+                   help="tokens in the KV cache (default: 512,2048,8192,32768)")
+    g.add_argument("--batches", type=_csv(int), default=None, metavar="B,...",
+                   help="batch sizes (default: 1,4)")
+    g.add_argument("--threads", type=_csv(int), default=None, metavar="T,...",
+                   help="intra_op_num_threads values (default: 1,2)")
+    g.add_argument("--dtypes", type=_csv(str), default=None, metavar="D,...",
+                   help="element types of the node: f32, f16 (default: f32)")
+    g.add_argument("--isa", default="auto",
+                   help="HinaMoE kernel tier: auto, ref, avx2, ... (default: auto)")
+    g.add_argument("--no-rotary", action="store_true",
+                   help="a node without rotary (default: do_rotary=1 with cos/sin caches)")
+    g.add_argument("--no-cpu-ep", action="store_true",
+                   help="do not run ONNX Runtime's CPU EP (no speed-up columns)")
+    g.add_argument("--no-hinamoe", action="store_true",
+                   help="only run the CPU EP (e.g. before the EP is built)")
+    g.add_argument("--list-shapes", action="store_true",
+                   help="print the known attention shapes and exit")
+
+    g = p.add_argument_group("how")
+    g.add_argument("--repeats", type=int, default=None,
+                   help="timed runs per point, median reported (default 10, quick 5)")
+    g.add_argument("--warmup", type=int, default=None,
+                   help="untimed runs before timing (default: one pass over the layers, >= 2)")
+    g.add_argument("--min-cache-multiple", type=float, default=4.0, metavar="X",
+                   help="cycle enough layers' caches to cover X times the L3 cache (default 4)")
+    g.add_argument("--max-layers", type=int, default=16,
+                   help="at most this many caches are cycled (default 16)")
+    g.add_argument("--bw-bytes", type=float, default=None, metavar="GIB",
+                   help="bytes streamed per read-bandwidth pass, GiB (default 1, quick 0.25)")
+    g.add_argument("--quick", action="store_true",
+                   help="smoke run: qwen3-30b-a3b (unless --shapes), contexts 512,2048,8192, "
+                        "batch 1, max threads (<= 2), 5 repeats")
+    g.add_argument("--seed", type=int, default=0, help="seed for caches and inputs")
+
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default=None, metavar="DIR",
+                   help="write results.json and gqa-latency.png (latency vs context)")
+    g.add_argument("--no-plot", action="store_true", help="no PNG even with --out")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+@dataclass
+class GqaPoint:
+    shape: str
+    ep: str  # "HinaMoE" or "CPU"
+    dtype: str  # f32 / f16
+    threads: int
+    batch: int
+    context: int
+    layers: int  # caches cycled
+    kv_bytes: int  # K+V bytes read per step
+    median_ms: float
+    min_ms: float
+    times_ms: list = field(default_factory=list)
+    gbs: float = 0.0
+    pct_bw: float | None = None
+    speedup_vs_cpu: float | None = None
+    max_rel_diff_vs_cpu: float | None = None
+
+
+class _Layer:
+    """One layer's shared KV cache and the IOBinding of one decode step."""
+
+    def __init__(self, cfg, batch: int, context: int, rng: np.random.Generator):
+        from ..models import KVCache, random_step
+
+        from ..models import np_dtype
+
+        cap = context + 16
+        shape = (batch, cfg.kv_num_heads, cap, cfg.head_dim)
+        dt = np_dtype(cfg.dtype)
+        self.cache = KVCache(rng.standard_normal(shape, dtype=np.float32).astype(dt, copy=False),
+                             rng.standard_normal(shape, dtype=np.float32).astype(dt, copy=False))
+        self.step = random_step(cfg, rng, [context - 1] * batch, 1, positions=cap)
+        self.out = np.zeros((batch, 1, cfg.num_heads * cfg.head_dim), dt)
+
+    def bind(self, sess):
+        import onnxruntime as ort
+
+        io = sess.io_binding()
+        for name, arr in self.step.feeds().items():
+            io.bind_cpu_input(name, np.ascontiguousarray(arr))
+        k = ort.OrtValue.ortvalue_from_numpy(self.cache.key)
+        v = ort.OrtValue.ortvalue_from_numpy(self.cache.value)
+        io.bind_ortvalue_input("past_key", k)
+        io.bind_ortvalue_input("past_value", v)
+        io.bind_ortvalue_output("present_key", k)
+        io.bind_ortvalue_output("present_value", v)
+        io.bind_ortvalue_output("output", ort.OrtValue.ortvalue_from_numpy(self.out))
+        return io
+
+
+def _make_session(model_bytes: bytes, ep: str, threads: int, isa: str):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    if ep == "HinaMoE":
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        providers = [("HinaMoE", {"isa": isa})]
+    else:
+        providers = ["CPUExecutionProvider"]
+    sess = ort.InferenceSession(model_bytes, so, providers=providers)
+    if ep == "HinaMoE" and sess.get_providers()[0] != "HinaMoE":
+        raise RuntimeError(f"HinaMoE not used: {sess.get_providers()}")
+    return sess
+
+
+def _time(sess, layers, repeats: int, warmup: int):
+    bindings = [layer.bind(sess) for layer in layers]
+    for i in range(warmup):
+        sess.run_with_iobinding(bindings[i % len(bindings)])
+    times = []
+    for i in range(repeats):
+        io = bindings[i % len(bindings)]
+        t0 = time.perf_counter()
+        sess.run_with_iobinding(io)
+        times.append((time.perf_counter() - t0) * 1e3)
+    sess.run_with_iobinding(bindings[0])
+    return times, layers[0].out.astype(np.float64)
+
+
+def run(args) -> int:
+    from ..models import ATTENTION_SHAPES, build_gqa_model, canon_dtype, short_dtype
+
+    if args.list_shapes:
+        print(f"{'shape':<16}{'heads':>6}{'kv':>4}{'d':>5}  {'sink':>4}  KV MB/token (f32)")
+        for s in ATTENTION_SHAPES.values():
+            print(f"{s.name:<16}{s.num_heads:>6}{s.kv_num_heads:>4}{s.head_dim:>5}  "
+                  f"{'yes' if s.head_sink else 'no':>4}  {s.kv_bytes(1, 1) / 1e6:.4f}")
+        return 0
+
+    quick = args.quick
+    names = args.shapes or (["qwen3-30b-a3b"] if quick else list(ATTENTION_SHAPES))
+    unknown = [n for n in names if n not in ATTENTION_SHAPES]
+    if unknown:
+        print(f"unknown shape(s) {unknown}; known: {', '.join(ATTENTION_SHAPES)}", file=sys.stderr)
+        return 2
+    try:
+        dtypes = [short_dtype(canon_dtype(d)) for d in (args.dtypes or ["f32"])]
+    except ValueError as exc:
+        print(f"--dtypes: {exc}", file=sys.stderr)
+        return 2
+    if any(d not in ("f32", "f16") for d in dtypes):
+        print("--dtypes: f32 and f16 only", file=sys.stderr)
+        return 2
+    contexts = args.contexts or ([512, 2048, 8192] if quick else list(DEFAULT_CONTEXTS))
+    batches = args.batches or ([1] if quick else list(DEFAULT_BATCHES))
+    cores = os.cpu_count() or 1
+    threads = args.threads or ([min(2, cores)] if quick else
+                               [t for t in DEFAULT_THREADS if t <= cores] or [1])
+    repeats = args.repeats or (5 if quick else 10)
+    bw_bytes = int((args.bw_bytes or (0.25 if quick else 1.0)) * 2 ** 30)
+    run_hina, run_cpu = not args.no_hinamoe, not args.no_cpu_ep
+    if not (run_hina or run_cpu):
+        print("nothing to run (--no-hinamoe and --no-cpu-ep)", file=sys.stderr)
+        return 2
+    if min(contexts) < 1 or min(batches) < 1 or min(threads) < 1 or repeats < 1:
+        print("contexts, batches, threads and repeats must be >= 1", file=sys.stderr)
+        return 2
+
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress bar is optional
+        tqdm = None
+    import onnxruntime as ort
+
+    import hinamoe
+
+    tier = None
+    if run_hina:
+        try:
+            hinamoe.register()
+            tier = hinamoe.best_tier()
+        except Exception as exc:  # noqa: BLE001
+            print(f"hina-bench: the HinaMoE EP is not usable: {exc}\n"
+                  "  (build/install it, or pass --no-hinamoe to time the CPU EP alone)",
+                  file=sys.stderr)
+            return 1
+
+    l3 = _l3_bytes()
+    bandwidth_runs: dict[int, list[float]] = {t: [] for t in threads}
+
+    def probe_bandwidth() -> None:
+        for t in threads:
+            try:
+                bandwidth_runs[t].append(float(hinamoe.measure_read_bandwidth(
+                    threads=t, nbytes=bw_bytes, repeats=3 if quick else 5)))
+            except Exception as exc:  # noqa: BLE001
+                print(f"note: read-bandwidth probe unavailable ({exc})", file=sys.stderr)
+                return
+
+    probe_bandwidth()
+    print(f"machine: {_cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
+          f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa})")
+    print("read bandwidth (before): " + ", ".join(
+        f"{t} thr {max(v):.1f} GB/s" if v else f"{t} thr n/a" for t, v in bandwidth_runs.items()))
+
+    eps = (["HinaMoE"] if run_hina else []) + (["CPU"] if run_cpu else [])
+    total = len(names) * len(dtypes) * len(batches) * len(contexts) * len(threads) * len(eps)
+    bar = None
+    if tqdm is not None and not args.no_progress:
+        bar = tqdm(total=total, unit="pt", desc="hina-bench gqa", dynamic_ncols=True, file=sys.stderr)
+    points: list[GqaPoint] = []
+    t_start = time.time()
+    try:
+        for name, dt in ((n, d) for n in names for d in dtypes):
+            shape = ATTENTION_SHAPES[name]
+            cfg = shape.config(do_rotary=not args.no_rotary, dtype=canon_dtype(dt))
+            itemsize = 2 if dt == "f16" else 4
+            model_bytes = build_gqa_model(cfg, name=name).SerializeToString()
+            sessions = {(ep, t): _make_session(model_bytes, ep, t, args.isa)
+                        for ep in eps for t in threads}
+            for batch in batches:
+                for context in contexts:
+                    per_layer = shape.kv_bytes(batch, context + 16, itemsize)
+                    n_layers = int(min(args.max_layers,
+                                       max(1, -(-args.min_cache_multiple * l3 // per_layer))))
+                    if bar:
+                        bar.set_postfix_str(f"{name} {dt} B={batch} ctx={context}: {n_layers} cache(s)")
+                    rng = np.random.default_rng([args.seed, batch, context])
+                    layers = [_Layer(cfg, batch, context, rng) for _ in range(n_layers)]
+                    warm = args.warmup if args.warmup is not None else max(2, n_layers)
+                    for thr in threads:
+                        outs = {}
+                        for ep in eps:
+                            if bar:
+                                bar.set_postfix_str(f"{name} {dt} B={batch} ctx={context} {ep} {thr}thr")
+                            times, out = _time(sessions[(ep, thr)], layers, repeats, warm)
+                            med = statistics.median(times)
+                            kv = shape.kv_bytes(batch, context, itemsize)
+                            points.append(GqaPoint(
+                                shape=name, ep=ep, dtype=dt, threads=thr, batch=batch, context=context,
+                                layers=n_layers, kv_bytes=kv, median_ms=med, min_ms=min(times),
+                                times_ms=[round(t, 4) for t in times], gbs=kv / (med * 1e-3) / 1e9))
+                            outs[ep] = (points[-1], out)
+                            if bar:
+                                bar.update(1)
+                        if "HinaMoE" in outs and "CPU" in outs:
+                            hp, ho = outs["HinaMoE"]
+                            cp, co = outs["CPU"]
+                            hp.speedup_vs_cpu = cp.median_ms / hp.median_ms
+                            hp.max_rel_diff_vs_cpu = float(np.abs(ho - co).max()
+                                                           / max(np.abs(co).max(), 1e-30))
+                    del layers
+                    gc.collect()
+            del sessions
+            gc.collect()
+    finally:
+        if bar:
+            bar.close()
+
+    probe_bandwidth()
+    bandwidth = {t: (max(v) if v else None) for t, v in bandwidth_runs.items()}
+    for p in points:
+        bw = bandwidth.get(p.threads)
+        p.pct_bw = 100.0 * p.gbs / bw if bw else None
+
+    from .report import plot_gqa_latency, print_gqa_table
+
+    print("read bandwidth (max of the probes before/after): " + ", ".join(
+        f"{t} thr {bw:.1f} GB/s" if bw else f"{t} thr n/a" for t, bw in bandwidth.items()))
+    print_gqa_table(points)
+    elapsed = time.time() - t_start
+    print(f"({len(points)} points in {elapsed:.0f} s)")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = dict(
+            command="hina-bench gqa", argv=sys.argv[1:], time=time.strftime("%Y-%m-%d %H:%M:%S"),
+            cpu=_cpu_name(), cores=cores, l3_bytes=l3, onnxruntime=ort.__version__,
+            hinamoe=hinamoe.__version__, tier=tier, isa=args.isa, rotary=not args.no_rotary,
+            read_bandwidth_gbs={str(k): v for k, v in bandwidth.items()},
+            read_bandwidth_probes_gbs={str(k): v for k, v in bandwidth_runs.items()},
+            bandwidth_probe_bytes=bw_bytes, repeats=repeats, seed=args.seed, elapsed_s=elapsed,
+            shapes={n: asdict(ATTENTION_SHAPES[n]) for n in names},
+            notes=["gbs = K+V bytes read per step (2*B*kv_heads*context*head_dim*itemsize) / median time",
+                   "speedup_vs_cpu: CPU EP median / HinaMoE median on the same node and buffers"])
+        (out / "results.json").write_text(json.dumps(
+            dict(meta=meta, points=[asdict(p) for p in points]), indent=1))
+        print(f"wrote {out / 'results.json'}")
+        if not args.no_plot:
+            try:
+                png = plot_gqa_latency(points, out / "gqa-latency.png", meta)
+                print(f"wrote {png}")
+            except Exception as exc:  # noqa: BLE001 - plotting is optional
+                print(f"plot skipped: {exc}", file=sys.stderr)
+    return 0

@@ -1,0 +1,651 @@
+// GroupQueryAttention (provider/kernels/gqa) against a float64 reference
+// written here from the definition (gqa.h's comment, checked against ORT
+// 1.32's CPU kernel): every tier, serial and threaded, random configs
+// (G in {1,2,4,8}, d in {64,80,128}, contexts up to 3000 with odd lengths,
+// rows of different lengths), first prompts, decode and continuation steps,
+// shared and separate KV buffers, and every attribute. Outputs are poisoned
+// with NaN before each call; present rows nobody should touch are checked.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gqa/gqa.h"
+#include "test_util.h"
+#include "thread_pool.h"
+#include "tier.h"
+
+using namespace hinamoe;
+
+namespace {
+
+// ---- one step's inputs ----
+struct Config {
+  int64_t B = 1, S = 1, N = 1, Nkv = 1, d = 64;
+  int64_t total_seq = 1;   // total_sequence_length input
+  int64_t past_cap = 0;    // 0: no past inputs
+  bool shared = false;     // present_* == past_*
+  bool packed = false;
+  std::vector<int32_t> seqlens;  // [B]
+  GqaAttrs attrs;
+  int64_t rot_half = 0, rot_rows = 0;
+  bool pos_ids = false;
+  bool bias = false;
+  int64_t bias_b = 1, bias_n = 1;
+  bool sink = false;
+  bool f16 = false;  // T = float16: all data on values a half holds exactly
+  int64_t present_cap() const { return std::max(total_seq, past_cap); }
+};
+
+struct Inputs {
+  std::vector<float> query, key, value, cos, sin, bias, sink;
+  std::vector<int64_t> pos;
+};
+
+// A random value in (-scale, scale) (scale a power of 2); for f16 on the
+// i/1024 * scale grid, which a half holds exactly.
+float random_value(bool f16, double scale) {
+  return f16 ? float(ht::grid_value(1, scale)) : float(ht::uniform(-scale, scale));
+}
+
+Inputs random_inputs(const Config& c) {
+  Inputs in;
+  auto fill = [&c](std::vector<float>& v, size_t n, double scale) {
+    v.resize(n);
+    for (auto& x : v) x = random_value(c.f16, scale);
+  };
+  const int64_t qw = c.packed ? (c.N + 2 * c.Nkv) * c.d : c.N * c.d;
+  fill(in.query, size_t(c.B * c.S * qw), 1);
+  if (!c.packed) {
+    fill(in.key, size_t(c.B * c.S * c.Nkv * c.d), 1);
+    fill(in.value, size_t(c.B * c.S * c.Nkv * c.d), 1);
+  }
+  if (c.attrs.do_rotary) {
+    // Real cos/sin pairs of random angles (what models feed).
+    in.cos.resize(size_t(c.rot_rows * c.rot_half));
+    in.sin.resize(in.cos.size());
+    for (size_t i = 0; i < in.cos.size(); ++i) {
+      const double th = ht::uniform(-3.2, 3.2);
+      in.cos[i] = float(std::cos(th));
+      in.sin[i] = float(std::sin(th));
+      if (c.f16) {
+        in.cos[i] = float(std::round(std::cos(th) * 1024) / 1024);
+        in.sin[i] = float(std::round(std::sin(th) * 1024) / 1024);
+      }
+    }
+    if (c.pos_ids) {
+      in.pos.resize(size_t(c.B * c.S));
+      for (auto& p : in.pos) p = ht::randint(0, c.rot_rows - 1);
+      if (c.S == c.total_seq) in.pos[0] = ht::randint(0, c.rot_rows - c.S);  // the first prompt's base
+    }
+  }
+  if (c.bias) fill(in.bias, size_t(c.bias_b * c.bias_n * c.S * c.total_seq), 2);
+  if (c.sink) fill(in.sink, size_t(c.N), 4);
+  return in;
+}
+
+// ---- float64 reference ----
+// The KV cache of the reference: [B, Nkv, cap, d] doubles.
+struct RefCache {
+  std::vector<double> k, v;
+};
+
+void rope_ref(std::vector<double>& x, const Config& c, const Inputs& in, int64_t pos) {
+  const int64_t h = c.rot_half;
+  std::vector<double> y = x;
+  for (int64_t i = 0; i < h; ++i) {
+    const double co = in.cos[pos * h + i], si = in.sin[pos * h + i];
+    const int64_t a = c.attrs.rotary_interleaved ? 2 * i : i;
+    const int64_t b = c.attrs.rotary_interleaved ? 2 * i + 1 : i + h;
+    y[a] = x[a] * co - x[b] * si;
+    y[b] = x[b] * co + x[a] * si;
+  }
+  x = y;
+}
+
+// Runs one step on the reference cache (capacity cap); returns output [B, S, N*d].
+std::vector<double> reference_step(const Config& c, const Inputs& in, RefCache& cache, int64_t cap) {
+  const int64_t G = c.N / c.Nkv, d = c.d;
+  const bool first = c.S == c.total_seq;
+  const int64_t qw = c.packed ? (c.N + 2 * c.Nkv) * d : c.N * d;
+  const int64_t kw = c.packed ? qw : c.Nkv * d;
+  auto qsrc = [&](int64_t b, int64_t s, int64_t n) { return &in.query[size_t((b * c.S + s) * qw + n * d)]; };
+  auto ksrc = [&](int64_t b, int64_t s, int64_t h) {
+    return c.packed ? &in.query[size_t((b * c.S + s) * qw + (c.N + h) * d)] : &in.key[size_t((b * c.S + s) * kw + h * d)];
+  };
+  auto vsrc = [&](int64_t b, int64_t s, int64_t h) {
+    return c.packed ? &in.query[size_t((b * c.S + s) * qw + (c.N + c.Nkv + h) * d)]
+                    : &in.value[size_t((b * c.S + s) * kw + h * d)];
+  };
+  const double alpha = c.attrs.scale == 0.0f ? 1.0 / std::sqrt(double(d)) : double(c.attrs.scale);
+  std::vector<double> out(size_t(c.B * c.S * c.N * d));
+  for (int64_t b = 0; b < c.B; ++b) {
+    const int64_t total = c.seqlens[b] + 1, past = first ? 0 : total - c.S;
+    // ORT: the first prompt rotates every row from one base (position_ids[0]
+    // or 0), later steps take a position per token.
+    auto pos = [&](int64_t s) {
+      if (first) return (c.pos_ids ? in.pos[0] : 0) + s;
+      return c.pos_ids ? in.pos[size_t(b * c.S + s)] : past + s;
+    };
+    for (int64_t h = 0; h < c.Nkv; ++h)
+      for (int64_t s = 0; s < c.S; ++s) {
+        std::vector<double> kv(ksrc(b, s, h), ksrc(b, s, h) + d);
+        if (c.attrs.do_rotary) rope_ref(kv, c, in, pos(s));
+        for (int64_t j = 0; j < d; ++j) {
+          cache.k[size_t(((b * c.Nkv + h) * cap + past + s) * d + j)] = kv[j];
+          cache.v[size_t(((b * c.Nkv + h) * cap + past + s) * d + j)] = vsrc(b, s, h)[j];
+        }
+      }
+    for (int64_t n = 0; n < c.N; ++n) {
+      const int64_t h = n / G;
+      for (int64_t s = 0; s < c.S; ++s) {
+        std::vector<double> q(qsrc(b, s, n), qsrc(b, s, n) + d);
+        if (c.attrs.do_rotary) rope_ref(q, c, in, pos(s));
+        const int64_t L = std::min(past + s + 1, total);  // padded prompt tokens stop at the row's end
+        const int64_t W = c.attrs.local_window_size;
+        const int64_t lo = (W > 0 && L > W) ? L - W : 0;
+        std::vector<double> x;
+        for (int64_t j = lo; j < L; ++j) {
+          double dot = 0;
+          for (int64_t e = 0; e < d; ++e) dot += q[e] * cache.k[size_t(((b * c.Nkv + h) * cap + j) * d + e)];
+          double sc = alpha * dot;
+          if (c.attrs.softcap > 0) sc = c.attrs.softcap * std::tanh(sc / c.attrs.softcap);
+          if (c.bias) {
+            const int64_t bb = c.bias_b > 1 ? b : 0, bn = c.bias_n > 1 ? n : 0;
+            sc += in.bias[size_t(((bb * c.bias_n + bn) * c.S + s) * c.total_seq + j)];
+          }
+          x.push_back(sc);
+        }
+        double mx = *std::max_element(x.begin(), x.end());
+        if (mx == -INFINITY) continue;  // every key masked by the bias: output 0 (ORT 1.32 does so)
+        double extra = 0;  // the sink's term in the denominator
+        if (c.sink || c.attrs.smooth_softmax) {
+          const double sk = c.sink ? in.sink[n] : 0.0;
+          mx = std::max(mx, sk);
+          extra = std::exp(sk - mx);
+        }
+        double den = extra;
+        for (double& e : x) den += (e = std::exp(e - mx));
+        double* o = &out[size_t(((b * c.S + s) * c.N + n) * d)];
+        for (int64_t j = lo; j < L; ++j)
+          for (int64_t e = 0; e < d; ++e)
+            o[e] += x[size_t(j - lo)] / den * cache.v[size_t(((b * c.Nkv + h) * cap + j) * d + e)];
+      }
+    }
+  }
+  return out;
+}
+
+// ---- running the library ----
+struct Buffers {
+  std::vector<float> past_k, past_v, present_k, present_v, out;
+};
+
+// Half bits of values that are exact halves (the f16 test data).
+std::vector<uint16_t> to_half(const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = ht::half_exact(v[i]);
+  return h;
+}
+std::vector<float> from_half(const std::vector<uint16_t>& h) {
+  std::vector<float> v(h.size());
+  for (size_t i = 0; i < h.size(); ++i) v[i] = float(ht::half_value(h[i]));
+  return v;
+}
+
+// Runs the library on float test data; for f16 configs through half copies
+// (outputs and present buffers are converted back, NaN poison included).
+std::string run_lib(const Config& c, const Inputs& in, Buffers& buf, const GqaTier& tier, const Parallel& par) {
+  GqaShape sh;
+  sh.batch = c.B;
+  sh.seq = c.S;
+  sh.num_heads = c.N;
+  sh.kv_num_heads = c.Nkv;
+  sh.head_dim = c.d;
+  sh.past_capacity = c.past_cap;
+  sh.present_capacity = c.present_cap();
+  sh.total_sequence_length = c.total_seq;
+  buf.out.assign(size_t(c.B * c.S * c.N * c.d), NAN);
+  // The tensors as the library sees them: the float vectors, or half copies.
+  struct Half {
+    std::vector<uint16_t> query, key, value, past_k, past_v, present_k, present_v, cos, sin, bias, sink, out;
+  } h;
+  auto pick = [&](const std::vector<float>& f, std::vector<uint16_t>& hv) -> void* {
+    if (f.empty()) return nullptr;
+    if (!c.f16) return const_cast<float*>(f.data());
+    hv = to_half(f);
+    return hv.data();
+  };
+  GqaTensors t;
+  t.dtype = c.f16 ? GqaDType::F16 : GqaDType::F32;
+  t.query = pick(in.query, h.query);
+  t.key = c.packed ? nullptr : pick(in.key, h.key);
+  t.value = c.packed ? nullptr : pick(in.value, h.value);
+  t.present_key = pick(buf.present_k, h.present_k);
+  t.present_value = pick(buf.present_v, h.present_v);
+  if (c.past_cap > 0) {
+    t.past_key = c.shared ? t.present_key : pick(buf.past_k, h.past_k);
+    t.past_value = c.shared ? t.present_value : pick(buf.past_v, h.past_v);
+  }
+  t.seqlens_k = c.seqlens.data();
+  if (c.attrs.do_rotary) {
+    t.cos_cache = pick(in.cos, h.cos);
+    t.sin_cache = pick(in.sin, h.sin);
+    t.rotary_rows = c.rot_rows;
+    t.rotary_half = c.rot_half;
+    if (c.pos_ids) t.position_ids = in.pos.data();
+  }
+  if (c.bias) {
+    t.attention_bias = pick(in.bias, h.bias);
+    t.bias_batch = c.bias_b;
+    t.bias_heads = c.bias_n;
+    t.bias_keys = c.total_seq;
+  }
+  if (c.sink) t.head_sink = pick(in.sink, h.sink);
+  if (c.f16) {
+    h.out.assign(buf.out.size(), 0x7e00);  // NaN
+    t.output = h.out.data();
+  } else {
+    t.output = buf.out.data();
+  }
+  const std::string err = gqa(sh, c.attrs, t, tier, par);
+  if (c.f16) {
+    buf.out = from_half(h.out);
+    buf.present_k = from_half(h.present_k);
+    buf.present_v = from_half(h.present_v);
+    if (!h.past_k.empty()) {
+      buf.past_k = from_half(h.past_k);
+      buf.past_v = from_half(h.past_v);
+    }
+  }
+  return err;
+}
+
+std::vector<const GqaTier*> gqa_tiers_here() {
+  std::vector<const GqaTier*> v;
+  for (const std::string& n : supported_tiers()) {
+    std::string err;
+    const GqaTier* t = select_gqa_tier(n, &err);
+    if (t && std::find(v.begin(), v.end(), t) == v.end()) v.push_back(t);
+  }
+  return v;
+}
+
+std::string describe(const Config& c) {
+  std::string s = std::string(c.f16 ? "f16 " : "f32 ") + ht::fmt("B=%lld S=%lld N=%lld Nkv=%lld d=%lld total=%lld past_cap=%lld", (long long)c.B,
+                          (long long)c.S, (long long)c.N, (long long)c.Nkv, (long long)c.d,
+                          (long long)c.total_seq, (long long)c.past_cap);
+  s += " seqlens=";
+  for (int32_t x : c.seqlens) s += std::to_string(x) + ",";
+  s += ht::fmt(" shared=%d packed=%d rot=%d/%d half=%lld pos=%d bias=%d(%lld,%lld) sink=%d smooth=%d softcap=%g "
+               "window=%lld scale=%g",
+               c.shared, c.packed, c.attrs.do_rotary, c.attrs.rotary_interleaved, (long long)c.rot_half, c.pos_ids,
+               c.bias, (long long)c.bias_b, (long long)c.bias_n, c.sink, c.attrs.smooth_softmax,
+               double(c.attrs.softcap), (long long)c.attrs.local_window_size, double(c.attrs.scale));
+  return s;
+}
+
+// Output and the present rows against the reference. `before` is the
+// present buffer before the call (shared: rows not written must keep it).
+void compare(const Config& c, const std::vector<double>& want, const RefCache& rc, const Buffers& buf,
+             const std::vector<float>& before_k, const std::string& what) {
+  const int64_t cap = c.present_cap(), d = c.d;
+  double worst = 0;
+  size_t bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double err = std::fabs(double(buf.out[i]) - want[i]);
+    const double rel = c.f16 ? 3e-3 : 2e-5;
+    const double tol = rel + rel * std::fabs(want[i]);
+    if (!(err <= tol)) ++bad;  // NaN counts as bad
+    if (!(err <= worst)) worst = err;
+  }
+  CHECK_MSG(bad == 0, what << ": " << bad << " outputs off, worst error " << worst);
+  const bool first = c.S == c.total_seq;
+  size_t bad_rows = 0, touched = 0;
+  for (int64_t b = 0; b < c.B; ++b) {
+    const int64_t total = c.seqlens[b] + 1, past = first ? 0 : total - c.S, end = past + c.S;
+    for (int64_t h = 0; h < c.Nkv; ++h)
+      for (int64_t j = 0; j < cap; ++j)
+        for (int64_t e = 0; e < d; ++e) {
+          const size_t i = size_t(((b * c.Nkv + h) * cap + j) * d + e);
+          const double gk = buf.present_k[i], gv = buf.present_v[i];
+          if (j < end && (c.shared ? j >= past : true)) {
+            // Written by this step or copied from past: equals the reference cache.
+            // Rotated K carries rounding (to T); V and unrotated K are copies.
+            const double ktol = c.f16 ? 2e-3 : 1e-5;
+            if (!(std::fabs(gk - rc.k[i]) <= ktol && std::fabs(gv - rc.v[i]) == 0.0)) ++bad_rows;
+          } else if (c.shared) {
+            if (ht::fbits(buf.present_k[i]) != ht::fbits(before_k[i])) ++touched;
+          } else if (gk != 0.0 || gv != 0.0) {
+            ++touched;  // separate buffers: everything else is zero
+          }
+        }
+  }
+  CHECK_MSG(bad_rows == 0, what << ": " << bad_rows << " present K/V values differ from the reference cache");
+  CHECK_MSG(touched == 0, what << ": " << touched << " present values outside the written rows changed");
+}
+
+// A random attribute set (rotary needs d % 16 == 0: true for 64, 80, 128).
+void random_attrs(Config& c, int64_t max_pos) {
+  c.attrs = GqaAttrs{};
+  const int pick = int(ht::randint(0, 2));
+  c.attrs.scale = pick == 0 ? 0.0f : float(ht::uniform(0.02, 0.3));
+  if (ht::randint(0, 3) == 0) c.attrs.softcap = float(ht::uniform(0.5, 8));
+  if (ht::randint(0, 3) == 0) c.attrs.local_window_size = ht::randint(1, std::max<int64_t>(1, max_pos));
+  if (ht::randint(0, 1)) {
+    c.attrs.do_rotary = true;
+    c.attrs.rotary_interleaved = ht::randint(0, 1) != 0;
+    c.rot_half = 8 * ht::randint(1, c.d / 16);
+    c.rot_rows = max_pos + ht::randint(0, 9);
+    c.pos_ids = ht::randint(0, 2) == 0;
+  }
+  if (ht::randint(0, 2) == 0) {
+    c.bias = true;
+    c.bias_b = ht::randint(0, 1) ? c.B : 1;
+    c.bias_n = ht::randint(0, 1) ? c.N : 1;
+  }
+  const int s = int(ht::randint(0, 3));
+  c.sink = s == 0;
+  c.attrs.smooth_softmax = s == 1;
+}
+
+// Runs `c` from the given cache contents on the reference and on every
+// tier (serial and 3 threads), comparing each.
+void check_step(const Config& c, const Inputs& in, const std::vector<float>& past_k, const std::vector<float>& past_v,
+                const std::string& label) {
+  const int64_t cap = c.present_cap();
+  // Reference cache starts as the past rows the step may read.
+  RefCache rc;
+  rc.k.assign(size_t(c.B * c.Nkv * cap * c.d), 0.0);
+  rc.v = rc.k;
+  const bool first = c.S == c.total_seq;
+  for (int64_t b = 0; b < c.B; ++b) {
+    const int64_t past = first ? 0 : c.seqlens[b] + 1 - c.S;
+    for (int64_t h = 0; h < c.Nkv; ++h)
+      for (int64_t j = 0; j < past; ++j)
+        for (int64_t e = 0; e < c.d; ++e) {
+          const size_t src = size_t(((b * c.Nkv + h) * c.past_cap + j) * c.d + e);
+          const size_t dst = size_t(((b * c.Nkv + h) * cap + j) * c.d + e);
+          rc.k[dst] = past_k[src];
+          rc.v[dst] = past_v[src];
+        }
+  }
+  const std::vector<double> want = reference_step(c, in, rc, cap);
+  static ThreadPool pool3(3);
+  for (const GqaTier* tier : gqa_tiers_here()) {
+    for (int threads : {1, 3}) {
+      Buffers buf;
+      if (c.shared) {
+        buf.present_k = past_k;
+        buf.present_v = past_v;
+      } else {
+        buf.past_k = past_k;
+        buf.past_v = past_v;
+        buf.present_k.assign(size_t(c.B * c.Nkv * cap * c.d), NAN);
+        buf.present_v = buf.present_k;
+      }
+      const std::vector<float> before_k = buf.present_k;
+      const std::string err = run_lib(c, in, buf, *tier, threads == 1 ? serial() : pool3.parallel());
+      const std::string what = label + " tier=" + tier->name + " threads=" + std::to_string(threads) + " " + describe(c);
+      CHECK_MSG(err.empty(), what << ": error " << err);
+      if (!err.empty()) continue;
+      compare(c, want, rc, buf, before_k, what);
+      if (!c.shared) CHECK_MSG(buf.past_k == past_k, what << ": past_key was modified");
+    }
+  }
+}
+
+std::vector<float> random_cache(int64_t n, bool f16) {
+  std::vector<float> cache(static_cast<size_t>(n));
+  for (auto& x : cache) x = random_value(f16, 1.0);
+  return cache;
+}
+
+Config random_heads() {
+  Config c;
+  const int64_t Gs[] = {1, 2, 4, 8}, ds[] = {64, 80, 128};
+  const int64_t G = Gs[ht::randint(0, 3)];
+  c.Nkv = ht::randint(1, 3);
+  c.N = G * c.Nkv;
+  c.d = ds[ht::randint(0, 2)];
+  c.packed = ht::randint(0, 3) == 0;
+  c.f16 = ht::randint(0, 3) == 0;
+  return c;
+}
+
+}  // namespace
+
+// First prompts: rows right-padded to S (seqlens < S - 1 for short rows).
+TEST(gqa_first_prompt_random) {
+  for (int iter = 0; iter < 12; ++iter) {
+    Config c = random_heads();
+    c.B = ht::randint(1, 3);
+    c.S = ht::randint(1, 45);
+    c.total_seq = c.S;
+    c.seqlens.resize(size_t(c.B));
+    for (auto& s : c.seqlens) s = int32_t(ht::randint(0, c.S - 1));
+    c.seqlens[0] = int32_t(c.S - 1);
+    const int mode = int(ht::randint(0, 2));  // no past, shared buffer, separate past
+    c.past_cap = mode == 0 ? 0 : c.S + ht::randint(0, 20);
+    c.shared = mode == 1;
+    random_attrs(c, c.S);
+    if (c.attrs.do_rotary) c.rot_rows = std::max(c.rot_rows, c.present_cap());
+    const Inputs in = random_inputs(c);
+    const int64_t pn = c.B * c.Nkv * c.past_cap * c.d;
+    check_step(c, in, random_cache(pn, c.f16), random_cache(pn, c.f16), "first_prompt");
+  }
+}
+
+// Decode (S = 1) at long contexts with odd lengths, past read from the buffer.
+TEST(gqa_decode_random) {
+  for (int iter = 0; iter < 14; ++iter) {
+    Config c = random_heads();
+    c.B = ht::randint(1, 4);
+    c.S = 1;
+    const int64_t maxlen = iter < 4 ? 3000 : ht::randint(2, 1200);
+    c.seqlens.resize(size_t(c.B));
+    for (auto& s : c.seqlens) s = int32_t(ht::randint(1, maxlen - 1));
+    c.seqlens[0] = int32_t(maxlen - 1);
+    if (c.B > 1) c.seqlens[1] = int32_t(ht::randint(1, 7));
+    c.total_seq = *std::max_element(c.seqlens.begin(), c.seqlens.end()) + 1;
+    c.shared = ht::randint(0, 1) != 0;
+    c.past_cap = c.shared ? c.total_seq + ht::randint(0, 50) : c.total_seq - 1 + ht::randint(0, 3);
+    random_attrs(c, c.total_seq);
+    if (c.attrs.do_rotary) c.rot_rows = std::max(c.rot_rows, c.present_cap());
+    const Inputs in = random_inputs(c);
+    const int64_t pn = c.B * c.Nkv * c.past_cap * c.d;
+    check_step(c, in, random_cache(pn, c.f16), random_cache(pn, c.f16), "decode");
+  }
+}
+
+// ORT's "interactive" continuation: B = 1, S > 1 new tokens after a past.
+TEST(gqa_continuation_random) {
+  for (int iter = 0; iter < 6; ++iter) {
+    Config c = random_heads();
+    c.B = 1;
+    c.S = ht::randint(2, 24);
+    const int64_t total = c.S + ht::randint(1, 700);
+    c.seqlens = {int32_t(total - 1)};
+    c.total_seq = total;
+    c.shared = ht::randint(0, 1) != 0;
+    c.past_cap = c.shared ? total + ht::randint(0, 9) : total - c.S + ht::randint(0, 9);
+    random_attrs(c, total);
+    if (c.attrs.do_rotary) c.rot_rows = std::max(c.rot_rows, c.present_cap());
+    const Inputs in = random_inputs(c);
+    const int64_t pn = c.B * c.Nkv * c.past_cap * c.d;
+    check_step(c, in, random_cache(pn, c.f16), random_cache(pn, c.f16), "continuation");
+  }
+}
+
+// A prompt then decode steps through one shared buffer, rows of different
+// lengths, as onnxruntime-genai runs it; the reference keeps its own cache.
+TEST(gqa_prefill_then_decode_shared) {
+  for (int iter = 0; iter < 4; ++iter) {
+    Config base = random_heads();
+    base.B = ht::randint(1, 3);
+    const int64_t S0 = ht::randint(3, 40), steps = 5, cap = S0 + steps + ht::randint(0, 7);
+    std::vector<int64_t> len(size_t(base.B));
+    for (auto& l : len) l = ht::randint(1, S0);
+    len[0] = S0;
+    random_attrs(base, cap);
+    base.pos_ids = false;  // positions derived from seqlens_k in this flow
+    if (base.attrs.do_rotary) base.rot_rows = cap + 3;
+    base.shared = true;
+    base.past_cap = cap;
+    for (const GqaTier* tier : gqa_tiers_here()) {
+      static ThreadPool pool2(2);
+      std::vector<float> kc = random_cache(base.B * base.Nkv * cap * base.d, base.f16),
+                         vc = random_cache(int64_t(kc.size()), base.f16);
+      RefCache rc;
+      rc.k.assign(kc.size(), 0.0);
+      rc.v = rc.k;
+      std::vector<int64_t> cur = len;
+      // Identical random inputs per tier: reseed from the iteration.
+      std::mt19937_64 saved = ht::rng();
+      for (int64_t step = 0; step <= steps; ++step) {
+        Config c = base;
+        if (step == 0) {
+          c.S = S0;
+          c.total_seq = S0;
+          for (int64_t b = 0; b < c.B; ++b) c.seqlens.push_back(int32_t(cur[b] - 1));
+        } else {
+          c.S = 1;
+          for (auto& l : cur) ++l;
+          for (int64_t b = 0; b < c.B; ++b) c.seqlens.push_back(int32_t(cur[b] - 1));
+          c.total_seq = *std::max_element(cur.begin(), cur.end());
+        }
+        const Inputs in = random_inputs(c);
+        const std::vector<double> want = reference_step(c, in, rc, cap);
+        Buffers buf;
+        buf.present_k.swap(kc);
+        buf.present_v.swap(vc);
+        const std::vector<float> before = buf.present_k;
+        const std::string err = run_lib(c, in, buf, *tier, step % 2 ? pool2.parallel() : serial());
+        const std::string what = "prefill+decode step " + std::to_string(step) + " tier=" + tier->name + " " + describe(c);
+        CHECK_MSG(err.empty(), what << ": error " << err);
+        if (!err.empty()) break;
+        compare(c, want, rc, buf, before, what);
+        kc.swap(buf.present_k);
+        vc.swap(buf.present_v);
+      }
+      ht::rng() = saved;
+    }
+  }
+}
+
+// Every attribute alone, one decode and one prompt each, so a failure names it.
+TEST(gqa_each_attribute) {
+  for (int which = 0; which < 10; ++which) {
+    for (int phase = 0; phase < 4; ++phase) {
+      Config c;
+      c.f16 = phase >= 2;
+      c.N = 8;
+      c.Nkv = 2;
+      c.d = 80;
+      c.B = 2;
+      if (phase % 2 == 0) {
+        c.S = 9;
+        c.total_seq = 9;
+        c.seqlens = {8, 4};
+        c.past_cap = 0;
+      } else {
+        c.S = 1;
+        c.seqlens = {300, 41};
+        c.total_seq = 301;
+        c.past_cap = 320;
+        c.shared = true;
+      }
+      c.rot_rows = std::max<int64_t>(c.present_cap(), 9) + 1;
+      c.rot_half = 16;
+      switch (which) {
+        case 0: c.attrs.do_rotary = true; break;
+        case 1: c.attrs.do_rotary = true; c.attrs.rotary_interleaved = true; break;
+        case 2: c.attrs.do_rotary = true; c.pos_ids = true; break;
+        case 3: c.bias = true; c.bias_b = 2; c.bias_n = 8; break;
+        case 4: c.attrs.local_window_size = 5; break;
+        case 5: c.attrs.softcap = 1.5f; c.attrs.scale = 0.9f; break;  // big scores: the cap matters
+        case 6: c.sink = true; break;
+        case 7: c.attrs.smooth_softmax = true; break;
+        case 8: c.packed = true; c.bias = true; break;
+        case 9: c.bias = true; c.bias_n = 8; c.sink = phase == 1; break;  // -inf masks, below
+      }
+      Inputs in = random_inputs(c);
+      if (which == 9) {
+        // Head 0 of every row fully masked, a third of the other entries masked.
+        for (size_t i = 0; i < in.bias.size(); ++i) {
+          const int64_t head = int64_t(i / size_t(c.S * c.total_seq)) % c.bias_n;
+          if (head == 0 || ht::randint(0, 2) == 0) in.bias[i] = -INFINITY;
+        }
+      }
+      const int64_t pn = c.B * c.Nkv * c.past_cap * c.d;
+      check_step(c, in, random_cache(pn, c.f16), random_cache(pn, c.f16), "attribute " + std::to_string(which));
+    }
+  }
+}
+
+// Bad input gets a message naming the problem, and nothing is written.
+TEST(gqa_errors) {
+  Config ok;
+  ok.N = 4;
+  ok.Nkv = 2;
+  ok.d = 64;
+  ok.B = 2;
+  ok.S = 1;
+  ok.seqlens = {10, 3};
+  ok.total_seq = 11;
+  ok.past_cap = 16;
+  ok.shared = true;
+  struct Bad {
+    const char* expect;
+    std::function<void(Config&)> mutate;
+  };
+  const std::vector<Bad> bad = {
+      {"multiple of kv_num_heads", [](Config& c) { c.Nkv = 3; c.N = 4; }},
+      {"head_size", [](Config& c) { c.d = 60; }},
+      {"seqlens_k[1]", [](Config& c) { c.seqlens[1] = 11; }},
+      {"seqlens_k[0]", [](Config& c) { c.seqlens[0] = -1; }},
+      {"past_key holds", [](Config& c) { c.shared = false; c.past_cap = 6; }},
+      {"past_key is absent", [](Config& c) { c.shared = false; c.past_cap = 0; }},
+      {"sequence_length > 1", [](Config& c) { c.S = 2; }},
+      {"cos_cache", [](Config& c) { c.attrs.do_rotary = true; c.rot_half = 16; c.rot_rows = 5; }},
+      {"dim 1", [](Config& c) { c.attrs.do_rotary = true; c.rot_half = 12; c.rot_rows = 20; }},
+      {"outside cos_cache", [](Config& c) { c.attrs.do_rotary = true; c.rot_half = 16; c.rot_rows = 16; c.pos_ids = true; }},
+      {"attention_bias dim 1", [](Config& c) { c.bias = true; c.bias_n = 3; }},
+      {"smooth_softmax", [](Config& c) { c.sink = true; c.attrs.smooth_softmax = true; }},
+      {"local_window_size", [](Config& c) { c.attrs.local_window_size = 0; }},
+  };
+  for (const Bad& b : bad) {
+    Config c = ok;
+    b.mutate(c);
+    Inputs in = random_inputs(c);
+    if (c.pos_ids) in.pos[0] = 16;  // one past the cache
+    Buffers buf;
+    buf.present_k = random_cache(c.B * c.Nkv * c.present_cap() * c.d, false);
+    buf.present_v = buf.present_k;
+    if (!c.shared) {
+      buf.past_k = random_cache(c.B * c.Nkv * c.past_cap * c.d, false);
+      buf.past_v = buf.past_k;
+    }
+    const std::vector<float> before = buf.present_k;
+    const std::string err = run_lib(c, in, buf, gqa_ref_tier(), serial());
+    CHECK_MSG(err.find(b.expect) != std::string::npos, "expected an error mentioning '" << b.expect << "', got '" << err << "'");
+    CHECK_MSG(err.rfind("GroupQueryAttention", 0) == 0, "error does not name the op: " << err);
+    CHECK_MSG(buf.present_k == before, b.expect << ": present written despite the error");
+    CHECK_MSG(std::all_of(buf.out.begin(), buf.out.end(), [](float x) { return std::isnan(x); }),
+              b.expect << ": output written despite the error");
+  }
+}
+
+// The tier names of select_tier resolve; unknown names say so.
+TEST(gqa_tier_selection) {
+  std::string err;
+  CHECK(select_gqa_tier("ref", &err) == &gqa_ref_tier());
+  CHECK(select_gqa_tier("amx-emu", &err) != nullptr);
+  CHECK(select_gqa_tier("auto", &err) != nullptr);
+  CHECK(select_gqa_tier("nonsense", &err) == nullptr);
+  CHECK_MSG(err.find("nonsense") != std::string::npos, err);
+  if (tier_unavailable_reason("avx2").empty()) CHECK(select_gqa_tier("avx2", &err) == &gqa_avx2_tier());
+}

@@ -1,0 +1,60 @@
+"""hina-bench gqa: the CLI parses, and a tiny run writes results and a plot."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hinamoe.bench.cli import build_parser, main
+
+
+def test_help_lists_options(capsys):
+    with pytest.raises(SystemExit) as ei:
+        main(["gqa", "--help"])
+    assert ei.value.code == 0
+    out = capsys.readouterr().out
+    for opt in ("--shapes", "--contexts", "--batches", "--threads", "--isa", "--repeats",
+                "--out", "--no-cpu-ep", "--quick", "--list-shapes", "--dtypes"):
+        assert opt in out
+
+
+def test_parser_lists():
+    args = build_parser().parse_args(["gqa", "--contexts", "512,2048", "--batches", "1,4",
+                                      "--threads", "2", "--shapes", "mixtral-8x7b"])
+    assert args.contexts == [512, 2048] and args.batches == [1, 4] and args.threads == [2]
+    assert args.shapes == ["mixtral-8x7b"]
+
+
+def test_list_shapes(capsys):
+    assert main(["gqa", "--list-shapes"]) == 0
+    out = capsys.readouterr().out
+    for name in ("qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-20b"):
+        assert name in out
+
+
+def test_bad_choices(capsys):
+    assert main(["gqa", "--shapes", "nope", "--no-progress"]) == 2
+    assert main(["gqa", "--dtypes", "bf16", "--no-progress"]) == 2
+
+
+def test_tiny_gqa_run(tmp_path, capsys):
+    argv = ["gqa", "--shapes", "gpt-oss-20b", "--contexts", "33,257", "--batches", "1,2",
+            "--threads", "1", "--dtypes", "f32,f16", "--repeats", "2", "--warmup", "1",
+            "--max-layers", "2",
+            "--bw-bytes", "0.03", "--no-progress", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    pts = res["points"]
+    assert {p["ep"] for p in pts} == {"HinaMoE", "CPU"}
+    assert len(pts) == 2 * 2 * 2 * 2 and {p["dtype"] for p in pts} == {"f32", "f16"}
+    for p in pts:
+        assert p["median_ms"] > 0 and p["gbs"] > 0 and p["pct_bw"]
+        itemsize = 2 if p["dtype"] == "f16" else 4
+        assert p["kv_bytes"] == 2 * p["batch"] * 8 * p["context"] * 64 * itemsize
+    for p in (p for p in pts if p["ep"] == "HinaMoE"):
+        assert p["speedup_vs_cpu"] > 0
+        limit = 1e-2 if p["dtype"] == "f16" else 1e-4
+        assert p["max_rel_diff_vs_cpu"] is not None and p["max_rel_diff_vs_cpu"] < limit
+    assert (tmp_path / "gqa-latency.png").stat().st_size > 1000
+    assert "gpt-oss-20b" in capsys.readouterr().out
