@@ -8,6 +8,7 @@
 #include "ep.h"
 #include "kernels/moe_ffn.h"
 #include "kernels/numa/plan_cache.h"
+#include "kernel_info_attrs.h"
 #include "moe_attrs.h"
 
 namespace hinamoe_ep {
@@ -157,34 +158,6 @@ OrtStatus* MoEKernel::compute(OrtKernelContext* context) const {
   return nullptr;
 }
 
-template <class T>
-std::optional<T> info_attr(const OrtKernelInfo* info, const char* name);
-
-template <>
-std::optional<int64_t> info_attr<int64_t>(const OrtKernelInfo* info, const char* name) {
-  int64_t v = 0;
-  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &v);
-  if (st != nullptr) { Ort::GetApi().ReleaseStatus(st); return std::nullopt; }
-  return v;
-}
-template <>
-std::optional<float> info_attr<float>(const OrtKernelInfo* info, const char* name) {
-  float v = 0;
-  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_float(info, name, &v);
-  if (st != nullptr) { Ort::GetApi().ReleaseStatus(st); return std::nullopt; }
-  return v;
-}
-template <>
-std::optional<std::string> info_attr<std::string>(const OrtKernelInfo* info, const char* name) {
-  size_t size = 0;
-  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_string(info, name, nullptr, &size);
-  if (st != nullptr) { Ort::GetApi().ReleaseStatus(st); return std::nullopt; }
-  std::string v(size, '\0');
-  Ort::ThrowOnError(Ort::GetApi().KernelInfoGetAttribute_string(info, name, v.data(), &size));
-  v.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
-  return v;
-}
-
 }  // namespace
 
 OrtStatus* ORT_API_CALL create_moe_kernel(void*, const OrtKernelInfo* info, OrtKernelImpl** out) noexcept {
@@ -194,13 +167,8 @@ OrtStatus* ORT_API_CALL create_moe_kernel(void*, const OrtKernelInfo* info, OrtK
   Ort::ConstKernelInfo ki{info};
   kernel->node_name = ki.GetNodeName();
 
-  AttrSource src{
-      [&](const char* n) { return info_attr<int64_t>(info, n); },
-      [&](const char* n) { return info_attr<float>(info, n); },
-      [&](const char* n) { return info_attr<std::string>(info, n); },
-  };
   std::string why;
-  if (read_moe_attrs(src, &kernel->attrs, &why) != AttrVerdict::Ok) return kernel->error("", why);
+  if (read_moe_attrs(kernel_info_attrs(info), &kernel->attrs, &why) != AttrVerdict::Ok) return kernel->error("", why);
 
   // E is usually static in the graph: report k > E when the session is created.
   if (ki.GetInputCount() > 1) {
