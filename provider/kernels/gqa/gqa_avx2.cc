@@ -75,7 +75,7 @@ HINAMOE_AVX2_INLINE __m256 exp_nonpos(__m256 x) {
 // sc[r*ld + j] = q_r . k_j for rows [0, R), keys [j0, j1) (j relative to j0).
 template <DType DT, int RB>
 HINAMOE_AVX2_INLINE void scores_block(const float* q, int64_t d, const typename Elem<DT>::T* k, int64_t kv_stride,
-                                      int64_t nk, float* sc, int64_t ld) {
+                                      int64_t nk, float* sc, int64_t ld, int64_t pf) {
   int64_t j = 0;
   for (; j + 2 <= nk; j += 2) {
     const auto* k0 = k + j * kv_stride;
@@ -83,6 +83,10 @@ HINAMOE_AVX2_INLINE void scores_block(const float* q, int64_t d, const typename 
     __m256 s0[RB], s1[RB];
     for (int r = 0; r < RB; ++r) s0[r] = s1[r] = _mm256_setzero_ps();
     for (int64_t c = 0; c < d; c += 8) {
+      if ((c * int64_t(sizeof(*k))) % 64 == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(k0 + pf + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(k1 + pf + c), _MM_HINT_T0);
+      }
       const __m256 a = load8<DT>(k0 + c), b = load8<DT>(k1 + c);
       for (int r = 0; r < RB; ++r) {
         const __m256 x = _mm256_loadu_ps(q + r * d + c);
@@ -124,7 +128,7 @@ HINAMOE_AVX2_INLINE void scores_block(const float* q, int64_t d, const typename 
 // acc[r*d + :] += sum_j p[r*ld + j] * v_j for rows [0, RB).
 template <DType DT, int RB>
 HINAMOE_AVX2_INLINE void pv_block(const float* p, int64_t ld, const typename Elem<DT>::T* v, int64_t kv_stride,
-                                  int64_t nk, int64_t d, float* acc) {
+                                  int64_t nk, int64_t d, float* acc, int64_t pf) {
   int64_t c = 0;
   for (; c + 16 <= d; c += 16) {
     __m256 a0[RB], a1[RB];
@@ -134,6 +138,7 @@ HINAMOE_AVX2_INLINE void pv_block(const float* p, int64_t ld, const typename Ele
     }
     for (int64_t j = 0; j < nk; ++j) {
       const auto* vj = v + j * kv_stride + c;
+      if ((c * int64_t(sizeof(*v))) % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(vj + pf), _MM_HINT_T0);
       const __m256 x0 = load8<DT>(vj), x1 = load8<DT>(vj + 8);
       for (int r = 0; r < RB; ++r) {
         const __m256 w = _mm256_broadcast_ss(p + r * ld + j);
@@ -173,12 +178,17 @@ HINAMOE_AVX2_FN void chunk_avx2(const GqaChunkArgs& a) {
   const E* k = static_cast<const E*>(a.k) + j0 * a.kv_stride;
   const E* v = static_cast<const E*>(a.v) + j0 * a.kv_stride;
 
+  // Software prefetch of the next piece's K and V rows (the same offsets one
+  // piece further): the hardware prefetcher alone left DRAM streams at ~1/3
+  // of the read bandwidth at long contexts. Prefetching past the buffer's
+  // end is harmless (no fault).
+  const int64_t pf = nk * a.kv_stride;
   int64_t r = 0;
-  for (; r + 4 <= a.rows; r += 4) scores_block<DT, 4>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld);
+  for (; r + 4 <= a.rows; r += 4) scores_block<DT, 4>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld, pf);
   switch (a.rows - r) {
-    case 3: scores_block<DT, 3>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld); break;
-    case 2: scores_block<DT, 2>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld); break;
-    case 1: scores_block<DT, 1>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld); break;
+    case 3: scores_block<DT, 3>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld, pf); break;
+    case 2: scores_block<DT, 2>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld, pf); break;
+    case 1: scores_block<DT, 1>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld, pf); break;
     default: break;
   }
 
@@ -231,11 +241,11 @@ HINAMOE_AVX2_FN void chunk_avx2(const GqaChunkArgs& a) {
     }
   }
 
-  for (r = 0; r + 4 <= a.rows; r += 4) pv_block<DT, 4>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d);
+  for (r = 0; r + 4 <= a.rows; r += 4) pv_block<DT, 4>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d, pf);
   switch (a.rows - r) {
-    case 3: pv_block<DT, 3>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d); break;
-    case 2: pv_block<DT, 2>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d); break;
-    case 1: pv_block<DT, 1>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d); break;
+    case 3: pv_block<DT, 3>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d, pf); break;
+    case 2: pv_block<DT, 2>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d, pf); break;
+    case 1: pv_block<DT, 1>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d, pf); break;
     default: break;
   }
 }
