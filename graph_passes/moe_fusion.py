@@ -189,7 +189,8 @@ def _match_expert(e: int, select: ir.Node):
     scale = consumers(down.outputs[0])
     if len(scale) != 1 or scale[0].op_type != "Mul":
         raise NoMatch(f"expert {e}: the down projection is not scaled by a routing weight")
-    wg, wu, wd = _weight(gate, "gate"), _weight(up, "up"), _weight(down, "down")
+    wg, wu, wd = (_weight(m, f"expert {e}: {what}")
+                  for m, what in ((gate, "gate"), (up, "up"), (down, "down")))
     if wg.shape != wu.shape or wd.shape != wg.shape[::-1]:
         raise NoMatch(f"expert {e}: weight shapes {wg.shape}, {wu.shape}, {wd.shape} disagree")
     # [in, out] as stored for MatMul -> PyTorch's [out, in].
