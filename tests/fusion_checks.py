@@ -52,3 +52,48 @@ def node_providers(sess, run) -> dict[str, str]:
 
 def moe_node_names(model: ir.Model) -> list[str]:
     return [n.name for n in model.graph if n.op_type == "MoE" and n.domain == "com.microsoft"]
+
+
+# ------------------------------------------------------------ decoder runs
+
+
+def left_padded_batch(rng, vocab: int, lengths=(7, 4)):
+    """input_ids, attention_mask [B, max(lengths)]: row b holds lengths[b]
+    random tokens, padded on the left."""
+    import numpy as np
+
+    width = max(lengths)
+    ids = np.zeros((len(lengths), width), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for b, n in enumerate(lengths):
+        ids[b, width - n:] = rng.integers(0, vocab, size=n)
+        mask[b, width - n:] = 1
+    return ids, mask
+
+
+def greedy_steps(sess, ids, mask, decode_steps: int, tokens=None):
+    """Prefill + `decode_steps` greedy steps on an optimum-style decoder
+    session (input_ids, attention_mask, position_ids, past_key_values.*).
+    `tokens` forces the decode tokens (another run's choices) so two models
+    see the same inputs. Returns ([{output name: array}] per step, tokens)."""
+    import numpy as np
+
+    batch = ids.shape[0]
+    past = {i.name: np.zeros((batch, i.shape[1], 0, i.shape[3]), dtype=np.float32)
+            for i in sess.get_inputs() if i.name.startswith("past_key_values.")}
+    names = [o.name for o in sess.get_outputs()]
+    steps, chosen = [], []
+    for step in range(decode_steps + 1):
+        # HF's positions for left padding: cumsum - 1, pads at 1.
+        pos = np.cumsum(mask, axis=1) - 1
+        pos = np.where(mask == 0, 1, pos)[:, -ids.shape[1]:]
+        outs = dict(zip(names, sess.run(None, {"input_ids": ids, "attention_mask": mask,
+                                               "position_ids": pos, **past})))
+        steps.append(outs)
+        past = {n.replace("present.", "past_key_values."): v for n, v in outs.items()
+                if n.startswith("present.")}
+        ids = (tokens[step] if tokens is not None else
+               outs["logits"][:, -1].argmax(-1)[:, None].astype(np.int64))
+        chosen.append(ids)
+        mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
+    return steps, chosen
