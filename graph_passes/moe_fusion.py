@@ -115,6 +115,10 @@ def _match_router(topk: ir.Node):
         raise NoMatch(f"Softmax over axis {attr(softmax, 'axis')}, not the experts")
     logits = through_casts(softmax.inputs[0])
     router = producer(logits, "MatMul")
+    tokens = router.inputs[0] if router is not None else None
+    if tokens is not None and tokens.shape is not None and len(tokens.shape) != 2:
+        # The MoE op takes router logits as [T, E] only.
+        raise NoMatch(f"the router reads rank-{len(tokens.shape)} tokens, not [T, H]")
     w_router = const_array(router.inputs[1]) if router is not None else None
     if w_router is None or w_router.ndim != 2:
         raise NoMatch("the router logits are not a MatMul with a constant [H, E] weight")
@@ -123,7 +127,7 @@ def _match_router(topk: ir.Node):
         raise NoMatch("TopK's k is not a constant")
     if attr(topk, "largest", 1) != 1 or attr(topk, "axis", -1) not in (-1, 1):
         raise NoMatch("TopK does not pick the largest probabilities over the experts")
-    return router.inputs[0], logits, w_router, k[0]
+    return tokens, logits, w_router, k[0]
 
 
 def _match_selects(topk: ir.Node, num_experts: int) -> dict[int, ir.Node]:
@@ -220,9 +224,10 @@ def _last_accumulation(adds: list[ir.Node]) -> ir.Node:
     return ends[0]
 
 
-def const_array_attr(node: ir.Node) -> np.ndarray | None:
+def const_array_attr(node: ir.Node) -> np.ndarray:
+    """ConstantOfShape's fill value (zero when the attribute is absent)."""
     value = node.attributes.get("value")
-    return None if value is None else value.value.numpy()
+    return np.zeros(1, np.float32) if value is None else value.value.numpy()
 
 
 # ------------------------------------------------------------ block
