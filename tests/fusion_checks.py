@@ -1,5 +1,6 @@
 """Helpers shared by the graph-pass tests: run passes on a ModelProto, count
-ops, and prove from an ORT profile which EP ran each MoE node."""
+ops, prove from an ORT profile which EP ran each node, and run an exported
+decoder step by step with forced tokens."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import json
 import os
 from collections import Counter
 
+import numpy as np
 import onnx
 import onnx_ir as ir
+
+from export_reference import position_ids
 
 UNFUSED_MOE_OPS = ("NonZero", "ScatterElements", "OneHot")
 
@@ -57,36 +61,18 @@ def moe_node_names(model: ir.Model) -> list[str]:
 # ------------------------------------------------------------ decoder runs
 
 
-def left_padded_batch(rng, vocab: int, lengths=(7, 4)):
-    """input_ids, attention_mask [B, max(lengths)]: row b holds lengths[b]
-    random tokens, padded on the left."""
-    import numpy as np
-
-    width = max(lengths)
-    ids = np.zeros((len(lengths), width), dtype=np.int64)
-    mask = np.zeros_like(ids)
-    for b, n in enumerate(lengths):
-        ids[b, width - n:] = rng.integers(0, vocab, size=n)
-        mask[b, width - n:] = 1
-    return ids, mask
-
-
 def greedy_steps(sess, ids, mask, decode_steps: int, tokens=None):
     """Prefill + `decode_steps` greedy steps on an optimum-style decoder
     session (input_ids, attention_mask, position_ids, past_key_values.*).
     `tokens` forces the decode tokens (another run's choices) so two models
     see the same inputs. Returns ([{output name: array}] per step, tokens)."""
-    import numpy as np
-
     batch = ids.shape[0]
     past = {i.name: np.zeros((batch, i.shape[1], 0, i.shape[3]), dtype=np.float32)
             for i in sess.get_inputs() if i.name.startswith("past_key_values.")}
     names = [o.name for o in sess.get_outputs()]
     steps, chosen = [], []
     for step in range(decode_steps + 1):
-        # HF's positions for left padding: cumsum - 1, pads at 1.
-        pos = np.cumsum(mask, axis=1) - 1
-        pos = np.where(mask == 0, 1, pos)[:, -ids.shape[1]:]
+        pos = position_ids(mask, ids.shape[1])
         outs = dict(zip(names, sess.run(None, {"input_ids": ids, "attention_mask": mask,
                                                "position_ids": pos, **past})))
         steps.append(outs)

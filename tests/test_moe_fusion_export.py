@@ -26,8 +26,8 @@ import onnx_ir.passes.common as common_passes
 import pytest
 
 from conftest import cpu_session, hina_session
-from fusion_checks import (UNFUSED_MOE_OPS, greedy_steps, left_padded_batch, moe_node_names,
-                           node_providers, op_counts)
+from export_reference import left_padded_batch
+from fusion_checks import UNFUSED_MOE_OPS, greedy_steps, moe_node_names, node_providers, op_counts
 from hinamoe.graph_passes import run_passes
 
 ARCHS = [pytest.param("mixtral", marks=pytest.mark.slow), "qwen2_moe",
