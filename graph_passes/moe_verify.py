@@ -64,6 +64,11 @@ def _feed_shape(value: ir.Value, tokens: int, width: int, rank: int = 2) -> tupl
     return (1,) * (rank - 2) + (tokens, width)
 
 
+def checkable(fc1: np.ndarray, fc2: np.ndarray) -> bool:
+    """Whether the block is small enough to be cut out and run."""
+    return fc1.nbytes + fc2.nbytes <= MAX_CHECK_BYTES
+
+
 def check_fusion(graph: ir.Graph, *, tokens: ir.Value, logits: ir.Value,
                  extra_inputs: list[ir.Value], output: ir.Value, attrs: dict,
                  fc1: np.ndarray, fc2: np.ndarray, opset_version: int,
@@ -73,8 +78,6 @@ def check_fusion(graph: ir.Graph, *, tokens: ir.Value, logits: ir.Value,
     `tokens` [T, H] and `logits` [T, E] feed both; `extra_inputs` are other
     values the block reads (the [B, S, H] hidden states its shapes come
     from), fed with the same tokens reshaped."""
-    if fc1.nbytes + fc2.nbytes > MAX_CHECK_BYTES:
-        return None
     experts, _, hidden = fc1.shape
     np_dtype = fc1.dtype
     inputs = [tokens, logits, *extra_inputs]
