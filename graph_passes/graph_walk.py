@@ -17,11 +17,28 @@ class NoMatch(Exception):
     """The pattern does not match; the message says where and why."""
 
 
+class OtherPattern(NoMatch):
+    """The site fails a matcher's very first check: it is some other
+    pattern, so this matcher's reason is not worth reporting."""
+
+
+def _through_identity(value: ir.Value) -> ir.Value:
+    """The exporter shares equal tensors between layers through Identity."""
+    node = value.producer()
+    while node is not None and node.op_type == "Identity" and node.domain == "":
+        value = node.inputs[0]
+        node = value.producer()
+    return value
+
+
 def const_array(value: ir.Value | None) -> np.ndarray | None:
-    """The value's constant (initializer or Constant node), or None. An
-    initializer that is also a graph input can be overridden, so it is not
-    a constant."""
-    if value is None or value.is_graph_input():
+    """The value's constant (initializer or Constant node, possibly behind
+    Identity), or None. An initializer that is also a graph input can be
+    overridden, so it is not a constant."""
+    if value is None:
+        return None
+    value = _through_identity(value)
+    if value.is_graph_input():
         return None
     tensor = ir.convenience.get_const_tensor(value)
     return None if tensor is None else tensor.numpy()
@@ -35,6 +52,7 @@ def const_ints(value: ir.Value | None) -> list[int] | None:
 
 
 def is_constant(value: ir.Value) -> bool:
+    value = _through_identity(value)
     if value.is_graph_input():
         return False
     if value.const_value is not None:

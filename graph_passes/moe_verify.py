@@ -10,9 +10,10 @@ column) that structure alone would not see."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnx_ir as ir
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
+
+from .moe_block import MoEBlock
 
 # Sizes of the token batches tried: a single token (decode) and a batch
 # where some experts receive no token at all.
@@ -39,79 +40,67 @@ def _block_model(graph: ir.Graph, inputs: list[ir.Value], output: ir.Value,
     return ir.to_proto(model).SerializeToString()
 
 
-def _moe_model(attrs: dict, fc1: np.ndarray, fc2: np.ndarray, hidden: int, experts: int,
-               opset_version: int) -> bytes:
-    elem = helper.np_dtype_to_tensor_dtype(fc1.dtype)
-    node = helper.make_node("MoE", ["x", "logits", "fc1", "", "fc2"], ["y"],
-                            domain="com.microsoft", **attrs)
+def _moe_model(block: MoEBlock, opset_version: int) -> bytes:
+    experts, _, hidden = block.fc1.shape
+    elem = helper.np_dtype_to_tensor_dtype(block.fc1.dtype)
+    names = ["fc1", "fc1_bias", "fc2", "fc2_bias"]
+    inits = [numpy_helper.from_array(np.ascontiguousarray(w), n)
+             for n, w in zip(names, block.weights()) if w is not None]
+    present = {i.name for i in inits}
+    node = helper.make_node("MoE", ["x", "logits", *[n if n in present else "" for n in names]],
+                            ["y"], domain="com.microsoft", **block.attributes())
+    x_shape = ["T", hidden] if block.input_ranks[block.tokens] == 2 else [1, "T", hidden]
     graph = helper.make_graph(
         [node], "moe_check",
-        [helper.make_tensor_value_info("x", elem, ["T", hidden]),
+        [helper.make_tensor_value_info("x", elem, x_shape),
          helper.make_tensor_value_info("logits", elem, ["T", experts])],
-        [helper.make_tensor_value_info("y", elem, ["T", hidden])],
-        initializer=[numpy_helper.from_array(fc1, "fc1"), numpy_helper.from_array(fc2, "fc2")])
+        [helper.make_tensor_value_info("y", elem, x_shape)], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset_version),
                                                     helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = min(model.ir_version, 10)
     return model.SerializeToString()
 
 
-def _feed_shape(value: ir.Value, tokens: int, width: int, rank: int = 2) -> tuple[int, ...]:
-    """[T, width], or [1, T, width] for a rank-3 value (the [B, S, H]
-    hidden states the block reads its shapes from). `rank` when the graph
-    does not say."""
-    rank = len(value.shape) if value.shape is not None else rank
-    return (1,) * (rank - 2) + (tokens, width)
-
-
-def checkable(fc1: np.ndarray, fc2: np.ndarray) -> bool:
+def checkable(block: MoEBlock) -> bool:
     """Whether the block is small enough to be cut out and run."""
-    return fc1.nbytes + fc2.nbytes <= MAX_CHECK_BYTES
+    return sum(w.nbytes for w in block.weights() if w is not None) <= MAX_CHECK_BYTES
 
 
-def check_fusion(graph: ir.Graph, *, tokens: ir.Value, logits: ir.Value,
-                 extra_inputs: list[ir.Value], output: ir.Value, attrs: dict,
-                 fc1: np.ndarray, fc2: np.ndarray, opset_version: int,
+def check_fusion(graph: ir.Graph, block: MoEBlock, *, opset_version: int,
                  ir_version: int) -> str | None:
-    """None when the block and the MoE node agree, else what differs.
-
-    `tokens` [T, H] and `logits` [T, E] feed both; `extra_inputs` are other
-    values the block reads (the [B, S, H] hidden states its shapes come
-    from), fed with the same tokens reshaped."""
-    experts, _, hidden = fc1.shape
-    np_dtype = fc1.dtype
-    inputs = [tokens, logits, *extra_inputs]
+    """None when the block and its MoE node agree on random tokens, else
+    what differs. Every value the block reads is fed the same tokens in its
+    rank ([T, H] or [1, T, H]); the router logits are random."""
+    np_dtype = block.fc1.dtype
     # The exported graph often leaves these values untyped; the cut-out
     # model needs types on its inputs and output.
-    for value in [*inputs, output]:
+    for value in [*block.input_ranks, block.output]:
         if value.type is None:
             value.type = ir.TensorType(ir.DataType.from_numpy(np_dtype))
     try:
-        return _compare(graph, tokens, logits, extra_inputs, output, attrs, fc1, fc2,
-                        opset_version, ir_version)
+        return _compare(graph, block, opset_version, ir_version)
     except Exception as exc:  # noqa: BLE001 - any failure means "not proven equal"
         return f"could not check the fusion numerically: {type(exc).__name__}: {exc}"
 
 
-def _compare(graph, tokens, logits, extra_inputs, output, attrs, fc1, fc2,
-             opset_version, ir_version) -> str | None:
-    experts, _, hidden = fc1.shape
-    np_dtype = fc1.dtype
-    inputs = [tokens, logits, *extra_inputs]
-    block = _session(_block_model(graph, inputs, output, opset_version, ir_version))
-    fused = _session(_moe_model(attrs, fc1, fc2, hidden, experts, opset_version))
+def _compare(graph, block: MoEBlock, opset_version, ir_version) -> str | None:
+    experts, _, hidden = block.fc1.shape
+    np_dtype = block.fc1.dtype
+    inputs = list(block.input_ranks)
+    cut = _session(_block_model(graph, inputs, block.output, opset_version, ir_version))
+    fused = _session(_moe_model(block, opset_version))
     rng = np.random.default_rng(0)
     for t in TOKEN_COUNTS:
         x = rng.standard_normal((t, hidden)).astype(np_dtype)
         lg = (rng.standard_normal((t, experts)) * 2).astype(np_dtype)
-        feeds = {tokens.name: x.reshape(_feed_shape(tokens, t, hidden)),
-                 logits.name: lg.reshape(_feed_shape(logits, t, experts))}
-        for value in extra_inputs:
-            feeds[value.name] = x.reshape(_feed_shape(value, t, hidden, rank=3))
-        want = block.run(None, feeds)[0].reshape(t, hidden).astype(np.float64)
-        got = fused.run(None, {"x": x, "logits": lg})[0].astype(np.float64)
+        feeds = {v.name: x.reshape((1,) * (rank - 2) + (t, hidden))
+                 for v, rank in block.input_ranks.items()}
+        feeds[block.logits.name] = lg
+        want = cut.run(None, feeds)[0].reshape(t, hidden).astype(np.float64)
+        x_fused = feeds[block.tokens.name]
+        got = fused.run(None, {"x": x_fused, "logits": lg})[0].reshape(t, hidden)
         tol = (1e-4 if np_dtype == np.float32 else 2e-2) * (np.abs(want).max() + 1e-3)
-        err = float(np.abs(got - want).max())
+        err = float(np.abs(got.astype(np.float64) - want).max())
         if not err <= tol:
             return (f"the fused MoE node differs from the exported block by {err:.3g} "
                     f"(tolerance {tol:.3g}) on {t} random token(s)")
