@@ -1,7 +1,8 @@
 """MoE fusion and dtype passes on real optimum exports of tiny random
-Mixtral, Qwen2-MoE (shared expert, sigmoid gate, no renormalisation) and
-Qwen3-MoE checkpoints (hinamoe.models.hf_tiny; exported once per session,
-unfused, with the expert loop over all experts).
+Mixtral, Qwen2-MoE (shared expert, sigmoid gate, no renormalisation),
+Qwen3-MoE (expert loop unrolled over all experts) and gpt-oss (batched
+experts, biases, clamped SwiGLU) checkpoints (hinamoe.models.hf_tiny;
+exported once per session, unfused).
 
 * fused vs unfused on the CPU EP: logits and present KV of a left-padded
   batch of 2, prefill + 3 decode steps, within fp32 tolerance;
@@ -12,7 +13,7 @@ unfused, with the expert loop over all experts).
   left unfused in that layer, with the reason, and still runs as before.
 
 Exporting needs torch and takes ~20 s per architecture: Qwen2-MoE runs by
-default, the other two under -m slow.
+default, the others under -m slow.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from fusion_checks import UNFUSED_MOE_OPS, greedy_steps, moe_node_names, node_pr
 from hinamoe.graph_passes import run_passes
 
 ARCHS = [pytest.param("mixtral", marks=pytest.mark.slow), "qwen2_moe",
-         pytest.param("qwen3_moe", marks=pytest.mark.slow)]
+         pytest.param("qwen3_moe", marks=pytest.mark.slow),
+         pytest.param("gpt_oss", marks=pytest.mark.slow)]
 DECODE_STEPS = 3
 FP32_REL = 1e-4  # of the largest |value|: summation order differs in the fused op
 BF16_REL = 5e-2
@@ -143,6 +145,33 @@ def test_bf16_model_on_hinamoe(arch, tiny_exports, rng, tmp_path):
         "steps", greedy_steps(hina, ids, mask, DECODE_STEPS, tokens=tokens)[0]))
     assert {providers.get(n) for n in names} == {"HinaMoE"}, providers
     _assert_steps_close(result["steps"], want, BF16_REL)
+
+
+@pytest.mark.slow
+def test_gpt_oss_random_expert_biases(tiny_exports, rng, tmp_path):
+    """The tiny gpt-oss starts with zero expert biases: give them random
+    values so the fused fc1/fc2 biases (gate/up interleaved) are tested."""
+    model = ir.load(str(tiny_exports.unfused_path("gpt_oss")))
+    changed = 0
+    for value in model.graph.initializers.values():
+        shape = value.const_value.shape
+        if len(shape) == 3 and shape[1] == 1:  # [E, 1, 2I] and [E, 1, H] expert biases
+            value.const_value = ir.tensor(
+                (rng.standard_normal(tuple(shape)) * 0.5).astype(np.float32), name=value.name)
+            changed += 1
+    assert changed >= 2
+    unfused_path = tmp_path / "unfused.onnx"
+    ir.save(model, str(unfused_path))
+    fused, report = run_passes(ir.load(str(unfused_path)))
+    assert report.passes[0].matched == tiny_exports.config("gpt_oss")["num_hidden_layers"]
+    assert all(site["biases"] and site["swiglu_limit"] for site in report.passes[0].fused)
+    fused_bytes = ir.to_proto(fused).SerializeToString()
+    ids, mask = _batch(rng, tiny_exports.config("gpt_oss"))
+    want, tokens = greedy_steps(cpu_session(str(unfused_path)), ids, mask, DECODE_STEPS)
+    for sess in (cpu_session(fused_bytes),
+                 hina_session(fused_bytes, no_fallback=False, cpu_fallback_provider=True)):
+        got, _ = greedy_steps(sess, ids, mask, DECODE_STEPS, tokens=tokens)
+        _assert_steps_close(got, want, FP32_REL)
 
 
 # ------------------------------------------------------------ partial matches
