@@ -70,6 +70,10 @@ def _shape_length(value: ir.Value) -> int | None:
     const = const_ints(value)
     if const is not None:
         return len(const)
+    shape = producer(value, "Shape")
+    if shape is not None and shape.inputs[0].shape is not None and \
+            not shape.attributes.get("start") and not shape.attributes.get("end"):
+        return len(shape.inputs[0].shape)
     concat = producer(value, "Concat")
     if concat is None:
         return None

@@ -1,8 +1,9 @@
-"""MoE fusion pass on a hand-built unfused block (fast, no torch): the fused
-graph against a float64 reference and the unfused graph on the CPU EP, the
-MoE node on HinaMoE (proved by the profile), and partial matches that must be
-left unfused with the reason. The same checks on real optimum exports of
-tiny Mixtral, Qwen2-MoE and Qwen3-MoE checkpoints are in
+"""MoE fusion pass on hand-built unfused blocks (fast, no torch): the
+Mixtral/Qwen pattern (experts unrolled) and the gpt-oss one (batched experts,
+biases, clamped SwiGLU). The fused graph against a float64 reference and the
+unfused graph on the CPU EP, the MoE node on HinaMoE (proved by the
+profile), and partial matches that must be left unfused with the reason. The same checks on real optimum exports of
+tiny Mixtral, Qwen2-MoE, Qwen3-MoE and gpt-oss checkpoints are in
 test_moe_fusion_export.py."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 from conftest import cpu_session, hina_session
 from fusion_checks import UNFUSED_MOE_OPS, as_bytes, moe_node_names, node_providers, op_counts, run_pass
 from hinamoe.graph_passes import PASSES, moe_fusion, run_passes
+from dense_moe_graph import build_dense_block, random_dense_weights, reference_dense_block
 from unfused_moe_graph import build_unfused_block, random_block_weights, reference_block
 
 
@@ -121,3 +123,51 @@ def test_pipeline_order_and_report(rng):
     assert report.ops_after.get("com.microsoft::MoE") == 1
     assert report.nodes_after < report.nodes_before
     assert "/model/layers.0/mlp" in report.format_table()
+
+
+# ------------------------------------------------------------ gpt-oss style block
+
+def _random_dense_block(rng, mutate=None):
+    weights = random_dense_weights(rng, int(rng.choice([40, 64])), int(rng.choice([24, 48])),
+                                   int(rng.integers(4, 9)))
+    k = int(rng.integers(2, 4))
+    return weights, k, build_dense_block(weights, k, mutate=mutate)
+
+
+def test_dense_block_fused_with_biases_and_limit(tmp_path, rng):
+    weights, k, model = _random_dense_block(rng)
+    fused, report = run_pass(moe_fusion.apply, model)
+    [site] = report.fused
+    assert site["biases"] and site["swiglu_limit"] == 7.0 and site["normalize_routing_weights"] == 1
+    ops = op_counts(fused)
+    assert ops["MoE"] == 1 and not any(ops[o] for o in ("ScatterElements", "TopK", "MatMul")), ops
+    [moe] = [n for n in fused.graph if n.op_type == "MoE"]
+    assert moe.attributes["activation_alpha"].value == pytest.approx(1.702)
+    assert moe.attributes["activation_beta"].value == 1.0
+    x = rng.standard_normal((2, int(rng.integers(3, 9)), weights.router.shape[1])).astype(np.float32)
+    want = reference_dense_block(x, weights, k)
+    unfused = cpu_session(as_bytes(model)).run(None, {"hidden": x})[0]
+    _close(unfused, want)
+    _close(cpu_session(as_bytes(fused)).run(None, {"hidden": x})[0], want)
+    sess = hina_session(as_bytes(fused), no_fallback=False, cpu_fallback_provider=True,
+                        profile_prefix=str(tmp_path / "dense"))
+    out = {}
+    providers = node_providers(sess, lambda: out.setdefault("y", sess.run(None, {"hidden": x})[0]))
+    assert providers.get(moe.name) == "HinaMoE", providers
+    _close(out["y"], want)
+
+
+DENSE_PARTIAL_MATCHES = {
+    "limit_mismatch": "not one swiglu_limit",
+    "bias_input": "not a constant",
+}
+
+
+@pytest.mark.parametrize("mutate", sorted(DENSE_PARTIAL_MATCHES))
+def test_dense_partial_match_left_unfused(mutate, rng):
+    weights, k, model = _random_dense_block(rng, mutate=mutate)
+    fused, report = run_pass(moe_fusion.apply, model)
+    assert report.fused == []
+    [skip] = report.skipped
+    assert DENSE_PARTIAL_MATCHES[mutate] in skip["reason"], skip
+    assert op_counts(fused) == op_counts(model)
