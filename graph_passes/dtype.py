@@ -41,7 +41,8 @@ def target_dtype(dtype: str | None) -> ir.DataType | None:
 
 
 def _weights(node: ir.Node) -> list[ir.Value]:
-    return [node.inputs[i] for i in WEIGHT_SLOTS if i < len(node.inputs) and node.inputs[i] is not None]
+    return [node.inputs[i] for i in WEIGHT_SLOTS
+            if i < len(node.inputs) and node.inputs[i] is not None]
 
 
 def _why_not(node: ir.Node) -> str | None:

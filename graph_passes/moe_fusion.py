@@ -80,7 +80,8 @@ def _replace(model: ir.Model, block: MoEBlock) -> ir.Node:
     router_probs = block.logits
     last = block.output.producer()
     if router_probs.dtype is not None and router_probs.dtype != moe_dtype:
-        cast = ir.node("Cast", [router_probs], {"to": moe_dtype}, name=f"{block.where}/MoE/router_cast")
+        cast = ir.node("Cast", [router_probs], {"to": moe_dtype},
+                       name=f"{block.where}/MoE/router_cast")
         graph.insert_after(last, cast)
         router_probs, last = cast.outputs[0], cast
     moe = ir.node("MoE", [block.tokens, router_probs, *weights], block.attributes(),

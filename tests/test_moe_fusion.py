@@ -2,9 +2,9 @@
 Mixtral/Qwen pattern (experts unrolled) and the gpt-oss one (batched experts,
 biases, clamped SwiGLU). The fused graph against a float64 reference and the
 unfused graph on the CPU EP, the MoE node on HinaMoE (proved by the
-profile), and partial matches that must be left unfused with the reason. The same checks on real optimum exports of
-tiny Mixtral, Qwen2-MoE, Qwen3-MoE and gpt-oss checkpoints are in
-test_moe_fusion_export.py."""
+profile), and partial matches that must be left unfused with the reason.
+The same checks on real optimum exports of tiny Mixtral, Qwen2-MoE,
+Qwen3-MoE and gpt-oss checkpoints are in test_moe_fusion_export.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from conftest import cpu_session, hina_session
-from fusion_checks import UNFUSED_MOE_OPS, as_bytes, moe_node_names, node_providers, op_counts, run_pass
+from fusion_checks import (UNFUSED_MOE_OPS, as_bytes, moe_node_names, node_providers, op_counts,
+                           run_pass)
 from hinamoe.graph_passes import PASSES, moe_fusion, run_passes
 from dense_moe_graph import build_dense_block, random_dense_weights, reference_dense_block
 from unfused_moe_graph import build_unfused_block, random_block_weights, reference_block
@@ -144,7 +145,8 @@ def test_dense_block_fused_with_biases_and_limit(tmp_path, rng):
     [moe] = [n for n in fused.graph if n.op_type == "MoE"]
     assert moe.attributes["activation_alpha"].value == pytest.approx(1.702)
     assert moe.attributes["activation_beta"].value == 1.0
-    x = rng.standard_normal((2, int(rng.integers(3, 9)), weights.router.shape[1])).astype(np.float32)
+    hidden = weights.router.shape[1]
+    x = rng.standard_normal((2, int(rng.integers(3, 9)), hidden)).astype(np.float32)
     want = reference_dense_block(x, weights, k)
     unfused = cpu_session(as_bytes(model)).run(None, {"hidden": x})[0]
     _close(unfused, want)

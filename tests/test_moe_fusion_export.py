@@ -84,7 +84,8 @@ def _assert_steps_close(got, want, rel, names=None):
         for name in names or w:
             scale = float(np.abs(w[name]).max()) + 1e-6
             err = float(np.abs(g[name].astype(np.float64) - w[name]).max())
-            assert err <= rel * scale, f"step {step} {name}: max error {err:.3g} > {rel * scale:.3g}"
+            assert err <= rel * scale, \
+                f"step {step} {name}: max error {err:.3g} > {rel * scale:.3g}"
 
 
 @pytest.mark.parametrize("arch", ARCHS)

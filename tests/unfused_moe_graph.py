@@ -42,8 +42,11 @@ def random_block_weights(rng, hidden, inter, experts, shared_inter=0) -> BlockWe
     if shared_inter:
         shared = (w(hidden, shared_inter, fan_in=hidden), w(hidden, shared_inter, fan_in=hidden),
                   w(shared_inter, hidden, fan_in=shared_inter), w(hidden, 1, fan_in=hidden))
-    return BlockWeights(w(hidden, experts, fan_in=hidden) * 4, w(experts, hidden, inter, fan_in=hidden),
-                        w(experts, hidden, inter, fan_in=hidden), w(experts, inter, hidden, fan_in=inter),
+    # router x4: well separated top-k choices
+    return BlockWeights(w(hidden, experts, fan_in=hidden) * 4,
+                        w(experts, hidden, inter, fan_in=hidden),
+                        w(experts, hidden, inter, fan_in=hidden),
+                        w(experts, inter, hidden, fan_in=inter),
                         shared)
 
 
@@ -160,7 +163,8 @@ def reference_block(x: np.ndarray, weights: BlockWeights, k: int, normalize: boo
     for t in range(x.shape[0]):
         for j in range(k):
             e = top[t, j]
-            out[t] += w[t, j] * swiglu(x[t:t + 1], weights.gate[e], weights.up[e], weights.down[e])[0]
+            expert = swiglu(x[t:t + 1], weights.gate[e], weights.up[e], weights.down[e])
+            out[t] += w[t, j] * expert[0]
     if weights.shared is not None:
         sg, su, sd, sgate = weights.shared
         gate = 1 / (1 + np.exp(-(x @ sgate.astype(np.float64))))
