@@ -35,23 +35,29 @@ def run_pass(apply, model: onnx.ModelProto, **options):
     return copy, apply(copy, **options)
 
 
-def node_providers(sess, run) -> dict[str, str]:
-    """{node name: provider} of every node that ran during `run()`, from the
-    ORT profile of `sess` (which must have profiling enabled)."""
-    run()
-    path = sess.end_profiling()
-    try:
-        with open(path) as f:
-            events = json.load(f)
-    finally:
-        for p in glob.glob(path):
-            os.remove(p)
+def profile_nodes(path: str) -> dict[str, str]:
+    """{node name: provider} from an ORT profiling JSON (kernel events);
+    conftest.profile_node_providers keys by op type instead."""
+    with open(path) as f:
+        events = json.load(f)
     out = {}
     for ev in events:
         args = ev.get("args", {})
         if ev.get("cat") == "Node" and "provider" in args and ev["name"].endswith("_kernel_time"):
             out[ev["name"][: -len("_kernel_time")]] = args["provider"]
     return out
+
+
+def node_providers(sess, run) -> dict[str, str]:
+    """{node name: provider} of every node that ran during `run()`, from the
+    ORT profile of `sess` (which must have profiling enabled)."""
+    run()
+    path = sess.end_profiling()
+    try:
+        return profile_nodes(path)
+    finally:
+        for p in glob.glob(path):
+            os.remove(p)
 
 
 def moe_node_names(model: ir.Model) -> list[str]:

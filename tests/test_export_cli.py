@@ -12,8 +12,9 @@ import onnx
 import pytest
 import torch
 
-from conftest import cpu_session, profile_node_providers
+from conftest import cpu_session
 from export_reference import compare_steps, decode_tokens, left_padded_batch, ort_steps, torch_steps
+from fusion_checks import profile_nodes
 from hinamoe.export import cli
 
 
@@ -62,9 +63,9 @@ def test_hina_export_end_to_end(tiny_export, tmp_path, capsys, rng):
     kw = dict(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
               max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert torch.equal(om.generate(**kw), pt.generate(**kw))
-    placed = profile_node_providers(om.session.end_profiling())
+    placed = profile_nodes(om.session.end_profiling())  # by node name
     moe_nodes = [n.name for n in model.graph.node if n.op_type == "MoE"]
-    assert all(placed.get(name) == "HinaMoE" for name in moe_nodes), placed
+    assert moe_nodes and all(placed.get(name) == "HinaMoE" for name in moe_nodes), placed
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """MoE fusion and dtype passes on real optimum exports of tiny random
 Mixtral, Qwen2-MoE (shared expert, sigmoid gate, no renormalisation),
 Qwen3-MoE (expert loop unrolled over all experts) and gpt-oss (batched
-experts, biases, clamped SwiGLU) checkpoints (hinamoe.models.hf_tiny;
-exported once per session, unfused).
+experts, biases, clamped SwiGLU) checkpoints (conftest's tiny_export:
+exported once per session, unfused, shared with the export tests).
 
 * fused vs unfused on the CPU EP: logits and present KV of a left-padded
   batch of 2, prefill + 3 decode steps, within fp32 tolerance;
@@ -43,24 +43,19 @@ FP32_REL = 1e-4  # of the largest |value|: summation order differs in the fused 
 BF16_REL = 5e-2
 
 
-class TinyExports:
-    """Unfused exports and their fused variants, built on first use."""
+class MoEFused:
+    """The MoE and dtype passes run on the session's unfused tiny exports
+    (conftest's tiny_export), cached per (arch, dtype)."""
 
-    def __init__(self, root):
-        self.root = root
-        self.unfused, self.fused = {}, {}
+    def __init__(self, exports, root):
+        self.exports, self.root = exports, root
+        self.fused = {}
 
     def unfused_path(self, arch: str):
-        if arch not in self.unfused:
-            from hinamoe.export.export import export_unfused
-            from hinamoe.models.hf_tiny import build
-
-            ckpt = build(arch, self.root / "hf" / arch)
-            self.unfused[arch] = export_unfused(ckpt, self.root / "unfused" / arch)
-        return self.unfused[arch]
+        return self.exports(arch).model
 
     def config(self, arch: str) -> dict:
-        return json.loads((self.unfused_path(arch).parent / "config.json").read_text())
+        return json.loads((self.exports(arch).checkpoint / "config.json").read_text())
 
     def fused_path(self, arch: str, dtype: str = "fp32"):
         key = (arch, dtype)
@@ -75,8 +70,8 @@ class TinyExports:
 
 
 @pytest.fixture(scope="session")
-def tiny_exports(tmp_path_factory):
-    return TinyExports(tmp_path_factory.mktemp("tiny_exports"))
+def tiny_exports(tiny_export, tmp_path_factory):
+    return MoEFused(tiny_export, tmp_path_factory.mktemp("moe_fused"))
 
 
 def _batch(rng, config):
