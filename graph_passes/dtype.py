@@ -118,9 +118,10 @@ def apply(model: ir.Model, *, dtype: str | None = None, **_options) -> PassRepor
         return report
     graph = model.graph
     for node in [n for n in graph if n.op_type == "MoE" and n.domain == MS_DOMAIN]:
+        layer = node.name[: -len("/MoE")] if node.name.endswith("/MoE") else node.name
         why = _why_not(node)
         if why:
-            report.skipped.append({"where": node.name, "reason": why})
+            report.skipped.append({"where": layer, "reason": why})
             continue
         # The model's activation type: the tokens' type when the graph says,
         # else the type the weights were exported in.
@@ -131,7 +132,7 @@ def apply(model: ir.Model, *, dtype: str | None = None, **_options) -> PassRepor
                 b, a = _convert(graph, node, index, target)
                 before, after = before + b, after + a
         casts = _retype_io(graph, node, model_dtype, target)
-        report.fused.append({"layer": node.name, "dtype": target.name.lower(),
+        report.fused.append({"layer": layer, "dtype": target.name.lower(),
                              "weight_bytes_before": before, "weight_bytes_after": after,
                              "nodes_added": casts})
     return report
