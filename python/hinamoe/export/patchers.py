@@ -8,10 +8,13 @@ function but visits every expert; an expert no token picked gets an empty
 slice of tokens and adds nothing. Every supported block exports to the same
 pattern per layer:
 
-    router  MatMul -> Softmax -> TopK -> [ReduceSum/Div] -> OneHot
-    expert  NonZero -> Gather -> MatMul(gate) -> SiLU -> Mul(up) -> MatMul(down)
-            -> Mul(routing weight) -> ScatterElements/ index add
-    shared  (Qwen2-MoE only) Sigmoid(MatMul(gate)) * MLP(x), added at the end
+    router  MatMul -> Softmax -> TopK -> [ReduceSum -> Div] -> OneHot
+    expert  (one per expert) NonZero -> Gather(tokens) -> MatMul(gate) -> Sigmoid
+            -> Mul (SiLU) -> Mul(MatMul(up)) -> MatMul(down) -> Mul(routing weight)
+            -> ScatterElements (index add) -> Add
+    shared  (Qwen2-MoE only) Sigmoid(MatMul(shared gate)) * MLP(x), added last
+
+(Linear weights stored transposed, [in, out], as MatMul's second input.)
 
 which is what the MoE fusion pass in ``hinamoe.graph_passes`` looks for.
 """
