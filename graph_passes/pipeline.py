@@ -21,8 +21,9 @@ def run_passes(model: onnx.ModelProto | ir.Model, *, only: list[str] | None = No
                **options) -> tuple[ir.Model, FusionReport]:
     """Runs every pass (or those named in `only`) on `model`.
 
-    `options` are passed to the passes that accept them (e.g. dtype="bf16"
-    for the dtype pass). Returns the rewritten model and the report."""
+    `options` go to every pass; each reads the ones it knows (e.g.
+    dtype="bf16" for the dtype pass) and ignores the rest. Returns the
+    rewritten model and the report."""
     if isinstance(model, onnx.ModelProto):
         model = ir.serde.deserialize_model(model)
     report = FusionReport(ops_before=op_counts(model.graph))
