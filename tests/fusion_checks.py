@@ -1,0 +1,91 @@
+"""Helpers shared by the graph-pass tests: run passes on a ModelProto, count
+ops, prove from an ORT profile which EP ran each node, and run an exported
+decoder step by step with forced tokens."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from export_reference import position_ids
+
+UNFUSED_MOE_OPS = ("NonZero", "ScatterElements", "OneHot")
+
+
+def as_bytes(model: onnx.ModelProto | ir.Model) -> bytes:
+    if isinstance(model, ir.Model):
+        model = ir.to_proto(model)
+    return model.SerializeToString()
+
+
+def op_counts(model: onnx.ModelProto | ir.Model) -> Counter:
+    nodes = model.graph.node if isinstance(model, onnx.ModelProto) else model.graph
+    return Counter(n.op_type for n in nodes)
+
+
+def run_pass(apply, model: onnx.ModelProto, **options):
+    """(rewritten ir.Model, PassReport) of one pass on a copy of `model`."""
+    copy = ir.serde.deserialize_model(model)
+    return copy, apply(copy, **options)
+
+
+def profile_nodes(path: str) -> dict[str, str]:
+    """{node name: provider} from an ORT profiling JSON (kernel events);
+    conftest.profile_node_providers keys by op type instead."""
+    with open(path) as f:
+        events = json.load(f)
+    out = {}
+    for ev in events:
+        args = ev.get("args", {})
+        if ev.get("cat") == "Node" and "provider" in args and ev["name"].endswith("_kernel_time"):
+            out[ev["name"][: -len("_kernel_time")]] = args["provider"]
+    return out
+
+
+def node_providers(sess, run) -> dict[str, str]:
+    """{node name: provider} of every node that ran during `run()`, from the
+    ORT profile of `sess` (which must have profiling enabled)."""
+    run()
+    path = sess.end_profiling()
+    try:
+        return profile_nodes(path)
+    finally:
+        for p in glob.glob(path):
+            os.remove(p)
+
+
+def moe_node_names(model: ir.Model) -> list[str]:
+    return [n.name for n in model.graph if n.op_type == "MoE" and n.domain == "com.microsoft"]
+
+
+# ------------------------------------------------------------ decoder runs
+
+
+def greedy_steps(sess, ids, mask, decode_steps: int, tokens=None):
+    """Prefill + `decode_steps` greedy steps on an optimum-style decoder
+    session (input_ids, attention_mask, position_ids, past_key_values.*).
+    `tokens` forces the decode tokens (another run's choices) so two models
+    see the same inputs. Returns ([{output name: array}] per step, tokens)."""
+    batch = ids.shape[0]
+    past = {i.name: np.zeros((batch, i.shape[1], 0, i.shape[3]), dtype=np.float32)
+            for i in sess.get_inputs() if i.name.startswith("past_key_values.")}
+    names = [o.name for o in sess.get_outputs()]
+    steps, chosen = [], []
+    for step in range(decode_steps + 1):
+        pos = position_ids(mask, ids.shape[1])
+        outs = dict(zip(names, sess.run(None, {"input_ids": ids, "attention_mask": mask,
+                                               "position_ids": pos, **past})))
+        steps.append(outs)
+        past = {n.replace("present.", "past_key_values."): v for n, v in outs.items()
+                if n.startswith("present.")}
+        ids = (tokens[step] if tokens is not None else
+               outs["logits"][:, -1].argmax(-1)[:, None].astype(np.int64))
+        chosen.append(ids)
+        mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
+    return steps, chosen

@@ -1,0 +1,136 @@
+"""dtype pass: MoE expert weights stored in fp16/bf16 with Casts around the
+node, everything else untouched; the result runs (bf16 on HinaMoE, proved by
+the profile; fp16 on both EPs) within the dtype's tolerance of a float64
+reference."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import cpu_session, hina_session
+from fusion_checks import as_bytes, moe_node_names, node_providers, op_counts, run_pass
+from hinamoe.graph_passes import dtype as dtype_pass
+from hinamoe.graph_passes import moe_fusion, run_passes
+from unfused_moe_graph import build_unfused_block, random_block_weights, reference_block
+
+NUMPY = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}
+# Relative to the output's scale: weights and activations rounded to the
+# dtype (8 bits of mantissa for bf16, 11 for fp16) through two GEMMs.
+TOLERANCE = {"fp16": 5e-3, "bf16": 4e-2}
+
+
+def _fused_block(rng, shared=True):
+    weights = random_block_weights(rng, int(rng.choice([48, 72])), 32, int(rng.integers(4, 9)),
+                                   shared_inter=24 if shared else 0)
+    k = 2
+    model = build_unfused_block(weights, k, normalize=True)
+    fused, report = run_pass(moe_fusion.apply, model)
+    assert report.matched == 1
+    return weights, k, fused
+
+
+def _close(got, want, rel):
+    scale = np.abs(want).max()
+    err = float(np.abs(got.astype(np.float64) - want).max())
+    assert err <= rel * scale, f"max error {err:.3g} > {rel * scale:.3g}"
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_expert_weights_converted_rest_untouched(dtype, rng):
+    _, _, fused = _fused_block(rng)
+    before = {name: v.const_value.numpy().copy() for name, v in fused.graph.initializers.items()}
+    report = dtype_pass.apply(fused, dtype=dtype)
+    [site] = report.fused
+    assert site["weight_bytes_after"] * 2 == site["weight_bytes_before"]
+    [moe] = [n for n in fused.graph if n.op_type == "MoE"]
+    expert_inputs = {moe.inputs[2].name, moe.inputs[4].name}
+    for name, old in before.items():
+        new = fused.graph.initializers[name].const_value.numpy()
+        if name in expert_inputs:
+            assert new.dtype == np.dtype(NUMPY[dtype])
+            np.testing.assert_array_equal(new, old.astype(NUMPY[dtype]))
+        else:
+            assert new.dtype == old.dtype
+            np.testing.assert_array_equal(new, old)
+    # tokens and logits in, output back to float32
+    assert op_counts(fused)["Cast"] == 3
+    assert moe.outputs[0].dtype == moe.inputs[0].dtype == moe.inputs[1].dtype
+
+
+def test_bf16_model_runs_on_hinamoe(tmp_path, rng):
+    weights, k, fused = _fused_block(rng)
+    dtype_pass.apply(fused, dtype="bf16")
+    [moe_name] = moe_node_names(fused)
+    sess = hina_session(as_bytes(fused), no_fallback=False, cpu_fallback_provider=True,
+                        profile_prefix=str(tmp_path / "bf16"))
+    x = rng.standard_normal((2, 5, weights.router.shape[0])).astype(np.float32)
+    out = {}
+    providers = node_providers(sess, lambda: out.setdefault("y", sess.run(None, {"hidden": x})[0]))
+    assert providers.get(moe_name) == "HinaMoE", providers
+    assert out["y"].dtype == np.float32
+    _close(out["y"], reference_block(x, weights, k, True), TOLERANCE["bf16"])
+
+
+def test_fp16_model_same_on_cpu_ep_and_hinamoe(rng):
+    weights, k, fused = _fused_block(rng, shared=False)
+    dtype_pass.apply(fused, dtype="fp16")
+    x = rng.standard_normal((3, 4, weights.router.shape[0])).astype(np.float32)
+    want = reference_block(x, weights, k, True)
+    cpu = cpu_session(as_bytes(fused)).run(None, {"hidden": x})[0]
+    hina = hina_session(as_bytes(fused), no_fallback=False,
+                        cpu_fallback_provider=True).run(None, {"hidden": x})[0]
+    _close(cpu, want, TOLERANCE["fp16"])
+    _close(hina, want, TOLERANCE["fp16"])
+    _close(hina, cpu.astype(np.float64), TOLERANCE["fp16"])
+
+
+@pytest.mark.parametrize("dtype", [None, "fp32", "float32"])
+def test_fp32_is_a_no_op(dtype, rng):
+    _, _, fused = _fused_block(rng, shared=False)
+    before = as_bytes(fused)
+    report = dtype_pass.apply(fused, dtype=dtype)
+    assert report.fused == [] and report.skipped == []
+    assert as_bytes(fused) == before
+
+
+def test_unknown_dtype_is_an_error(rng):
+    _, _, fused = _fused_block(rng, shared=False)
+    with pytest.raises(ValueError, match="fp32, fp16, bf16"):
+        dtype_pass.apply(fused, dtype="int4")
+
+
+def test_weights_as_graph_inputs_left_alone(rng):
+    """A MoE whose weights are graph inputs cannot be converted: reported."""
+    e, h, i = 4, 16, 8
+    node = helper.make_node("MoE", ["x", "logits", "fc1", "", "fc2"], ["y"], name="moe",
+                            domain="com.microsoft", k=2, activation_type="swiglu",
+                            swiglu_fusion=1)
+    f32 = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info("x", f32, ["T", h]),
+         helper.make_tensor_value_info("logits", f32, ["T", e]),
+         helper.make_tensor_value_info("fc1", f32, [e, 2 * i, h])],
+        [helper.make_tensor_value_info("y", f32, ["T", h])],
+        initializer=[numpy_helper.from_array(
+            rng.standard_normal((e, h, i)).astype(np.float32), "fc2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    converted, report = run_pass(dtype_pass.apply, model, dtype="bf16")
+    assert report.fused == []
+    assert report.skipped == [{"where": "moe", "reason": "'fc1' is not an initializer"}]
+    assert converted.graph.initializers["fc2"].const_value.dtype == ir.DataType.FLOAT
+
+
+def test_pipeline_dtype_option(rng):
+    weights = random_block_weights(rng, 48, 32, 6)
+    model = build_unfused_block(weights, 2, normalize=False)
+    fused, report = run_passes(model, dtype="bf16")
+    by_name = {p.name: p for p in report.passes}
+    assert by_name["moe-fusion"].matched == 1 and by_name["dtype"].matched == 1
+    [moe] = [n for n in fused.graph if n.op_type == "MoE"]
+    assert moe.inputs[2].const_value.dtype == ir.DataType.BFLOAT16
