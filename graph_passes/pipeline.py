@@ -7,10 +7,13 @@ from typing import Callable
 import onnx
 import onnx_ir as ir
 
+from . import gqa_fusion
 from .report import FusionReport, PassReport, op_counts
 
 # (name, apply) in the order they run. Fusion passes add their entry here.
-PASSES: list[tuple[str, Callable[..., PassReport]]] = []
+PASSES: list[tuple[str, Callable[..., PassReport]]] = [
+    (gqa_fusion.NAME, gqa_fusion.apply),
+]
 
 
 def run_passes(model: onnx.ModelProto | ir.Model, *, only: list[str] | None = None,

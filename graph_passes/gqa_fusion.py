@@ -1,0 +1,492 @@
+"""GQA fusion: each layer's exported attention becomes one
+``com.microsoft::GroupQueryAttention`` node.
+
+What optimum's TorchScript export gives per layer (k/v the same, with Nkv
+heads)::
+
+    X_q [B,S,N,D] -> Transpose(0,2,1,3) -> x*cos + rotate_half(x)*sin -> Mul(c)
+    present.i.key   = Concat(past_key_values.i.key, rotated k)        (BNSH)
+    present.i.value = Concat(past_key_values.i.value, Transpose(X_v))
+    repeat_kv       = Unsqueeze(2) -> Expand(n_rep) -> Reshape [B,N,T,D]
+    scores = MatMul(q*c, K^T*c) + Where(mask, 0, -inf) -> Softmax
+             -> Where(IsNaN, 0, .) -> MatMul(V) -> Transpose -> Reshape [B,S,N*D]
+
+What it becomes::
+
+    rotary on X_q / X_k in [B,S,heads,D] (the same elementwise ops, so the
+        same bits) -> Reshape [B,S,heads*D]
+    GroupQueryAttention(q, k, v, past_key, past_value, seqlens_k,
+        total_sequence_length, attention_bias = Where(mask, 0, lowest))
+        -> present.i.key / present.i.value (same names, same BNSH layout,
+           length past + S like the Concat)
+    output * (row has a visible key)   (the unfused graph's NaN -> 0)
+
+Why this construction keeps left-padded batches exact:
+
+* Every row is given the full length: seqlens_k = past + S - 1 for all
+  rows, so GQA appends the new keys at column `past` of each row, exactly
+  where Concat puts them, and its causal limit (key j <= past + s) is the
+  one the exported mask already contains.
+* Padding lives only in the graph's own boolean mask, passed as an additive
+  attention_bias. The fill is the lowest finite float, not -inf: a row
+  that sees nothing then gives a finite average instead of NaN, and the row
+  factor sets it to 0 as the unfused IsNaN/Where does.
+* Rotary stays outside GQA, driven by the exported cos/sin (from
+  position_ids). ONNX Runtime's CPU GroupQueryAttention (checked on 1.32)
+  rotates a first prompt at positions 0..S-1 whatever position_ids says,
+  so a left-padded row would store keys rotated at shifted positions and
+  every later decode step would read them wrong. Rotary inside the op is
+  therefore never emitted; the rotary nodes are rebuilt in [B,S,heads,D]
+  so no transposes remain.
+
+Anything that differs from the pattern (no rotary, a different repeat_kv,
+another mask form, an intermediate used elsewhere ...) leaves the layer
+unfused with the reason in the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import onnx_ir as ir
+
+from .report import PassReport
+from .shape_values import Dim, const_array, dims_of, evaluate
+
+NAME = "gqa"
+
+
+class _NoMatch(Exception):
+    """The layer does not match the pattern; the message says where."""
+
+
+@dataclasses.dataclass
+class _Site:
+    """One layer's attention, as matched."""
+
+    where: str
+    x_q: ir.Value  # [B, S, N, D], before rotary (after q_norm if any)
+    x_k: ir.Value  # [B, S, Nkv, D]
+    x_v: ir.Value  # [B, S, Nkv, D]
+    cos: ir.Value  # [B, S, D], what the exported rotary unsqueezes at axis 1
+    sin: ir.Value
+    past_k: ir.Value
+    past_v: ir.Value
+    present_k: ir.Value  # graph outputs the fused node must produce
+    present_v: ir.Value
+    mask: ir.Value  # boolean [B, 1, S, >= T], before the per-layer slice
+    out: ir.Value  # attention output [B, S, N*D] (o_proj's input)
+    num_heads: int
+    kv_num_heads: int
+    head_dim: int
+    scale: float
+    dtype: ir.DataType
+
+
+# ------------------------------------------------------------------ matching helpers
+
+
+def _producer(value: ir.Value | None, op_type: str, what: str) -> ir.Node:
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != op_type or node.domain not in ("", "ai.onnx"):
+        got = "a graph input or initializer" if node is None else node.op_type
+        raise _NoMatch(f"{what}: expected {op_type}, got {got}")
+    return node
+
+
+def _only_consumer(value: ir.Value, what: str, ignore_shape: bool = True) -> ir.Node:
+    """The one consumer of `value` (Shape readers aside, they only read dims)."""
+    users = {u.node for u in value.uses() if not (ignore_shape and u.node.op_type == "Shape")}
+    if len(users) != 1:
+        raise _NoMatch(f"{what}: expected one consumer, found {len(users)}")
+    return users.pop()
+
+
+def _scalar(value: ir.Value | None) -> float | None:
+    arr = const_array(value)
+    if arr is None or arr.size != 1:
+        return None
+    return float(arr.reshape(-1)[0])
+
+
+def _check_transpose(node: ir.Node, perm: list[int], what: str) -> None:
+    got = node.attributes.get_ints("perm")
+    if got is None or list(got) != perm:
+        raise _NoMatch(f"{what}: Transpose perm {got}, expected {perm}")
+
+
+def _check_axis(value, rank: int, axis: int, what: str) -> None:
+    if value is None or value % rank != axis % rank:
+        raise _NoMatch(f"{what}: axis {value}, expected {axis}")
+
+
+def _ints(value: ir.Value | None, known: dict, what: str) -> list:
+    expr = evaluate(value, known)
+    if expr is None:
+        raise _NoMatch(f"{what}: cannot evaluate the shape expression")
+    return list(expr.items)
+
+
+def _match_rotary(value: ir.Value, head_dim: int, heads: int, what: str):
+    """value = Add(Mul(x, cos_u), Mul(Concat(Neg(x[h:]), x[:h]), sin_u)),
+    cos_u/sin_u = Unsqueeze(cos/sin, axis 1), x = Transpose(0,2,1,3)(X).
+    Returns (X, cos, sin)."""
+    add = _producer(value, "Add", f"{what} rotary (x*cos + rotate_half(x)*sin)")
+    muls = [_producer(v, "Mul", f"{what} rotary term") for v in add.inputs]
+    rot_mul = x_mul = None
+    for m in muls:
+        for i in (0, 1):
+            p = m.inputs[i].producer()
+            if p is not None and p.op_type == "Concat":
+                rot_mul, rot_in, sin_u = m, m.inputs[i], m.inputs[1 - i]
+    if rot_mul is None:
+        raise _NoMatch(f"{what} rotary: no rotate_half (Concat) term")
+    x_mul = muls[1] if rot_mul is muls[0] else muls[0]
+    concat = rot_in.producer()
+    _check_axis(concat.attributes.get_int("axis"), 4, 3, f"{what} rotate_half Concat")
+    if len(concat.inputs) != 2:
+        raise _NoMatch(f"{what} rotate_half: Concat of {len(concat.inputs)} parts")
+    neg = _producer(concat.inputs[0], "Neg", f"{what} rotate_half first half")
+    upper = _producer(neg.inputs[0], "Slice", f"{what} rotate_half upper slice")
+    lower = _producer(concat.inputs[1], "Slice", f"{what} rotate_half lower slice")
+    x = upper.inputs[0]
+    if lower.inputs[0] is not x:
+        raise _NoMatch(f"{what} rotate_half: the two halves slice different tensors")
+    if x not in x_mul.inputs:
+        raise _NoMatch(f"{what} rotary: x*cos and rotate_half(x) read different tensors")
+    cos_u = x_mul.inputs[1] if x_mul.inputs[0] is x else x_mul.inputs[0]
+    transpose = _producer(x, "Transpose", f"{what} before rotary")
+    _check_transpose(transpose, [0, 2, 1, 3], f"{what} to BNSH")
+    big = transpose.inputs[0]
+    known = {x: [Dim("B", 0), heads, Dim("S", 0), head_dim]}
+    half = head_dim // 2
+    for sl, (lo, hi_min) in ((lower, (0, half)), (upper, (half, head_dim))):
+        ins = list(sl.inputs) + [None] * (5 - len(sl.inputs))
+        starts = _ints(ins[1], known, f"{what} rotate_half slice start")
+        ends = _ints(ins[2], known, f"{what} rotate_half slice end")
+        axes = _ints(ins[3], known, f"{what} rotate_half slice axes") if ins[3] is not None else [0]
+        steps = _ints(ins[4], known, f"{what} rotate_half slice steps") if ins[4] is not None else [1]
+        ok = (len(starts) == 1 and starts[0] == lo and isinstance(ends[0], int)
+              and (ends[0] == hi_min if lo == 0 else ends[0] >= hi_min)
+              and axes[0] in (3, -1) and steps == [1])
+        if not ok:
+            raise _NoMatch(f"{what} rotate_half: slice [{starts}:{ends}] on axes {axes} "
+                           f"is not the half {lo}:{hi_min} of head_dim {head_dim}")
+    cos = _unsqueezed(cos_u, 1, f"{what} cos")
+    sin = _unsqueezed(sin_u, 1, f"{what} sin")
+    return big, cos, sin
+
+
+def _unsqueezed(value: ir.Value, axis: int, what: str) -> ir.Value:
+    node = _producer(value, "Unsqueeze", what)
+    if _ints(node.inputs[1], {}, f"{what} Unsqueeze axes") != [axis]:
+        raise _NoMatch(f"{what}: Unsqueeze on another axis than {axis}")
+    return node.inputs[0]
+
+
+def _match_repeat_kv(present: ir.Value, kv_heads: int, head_dim: int, what: str):
+    """present -> Unsqueeze(2) -> Expand([.., .., n_rep, .., ..]) -> Reshape
+    [B, Nkv*n_rep, T, D]. Returns (repeated value, n_rep)."""
+    unsq = _only_consumer(present, f"{what} cache")
+    if unsq.op_type != "Unsqueeze" or _ints(unsq.inputs[1], {}, f"{what} repeat_kv axes") != [2]:
+        raise _NoMatch(f"{what} repeat_kv: expected Unsqueeze(axis 2), got {unsq.op_type}")
+    expand = _only_consumer(unsq.outputs[0], f"{what} repeat_kv")
+    if expand.op_type != "Expand":
+        raise _NoMatch(f"{what} repeat_kv: expected Expand, got {expand.op_type}")
+    target = _ints(expand.inputs[1], {}, f"{what} repeat_kv Expand shape")
+    if len(target) != 5 or not isinstance(target[2], int) or target[2] < 1:
+        raise _NoMatch(f"{what} repeat_kv: Expand shape {target} has no repeat count")
+    if target[1] != kv_heads or target[4] != head_dim:
+        raise _NoMatch(f"{what} repeat_kv: Expand shape {target} is not [B, {kv_heads}, n_rep, T, {head_dim}]")
+    n_rep = target[2]
+    reshape = _only_consumer(expand.outputs[0], f"{what} repeat_kv")
+    if reshape.op_type != "Reshape":
+        raise _NoMatch(f"{what} repeat_kv: expected Reshape, got {reshape.op_type}")
+    shape = _ints(reshape.inputs[1], {}, f"{what} repeat_kv Reshape shape")
+    pdims = dims_of(present) or []
+    if (len(shape) != 4 or shape[1] != kv_heads * n_rep or shape[3] not in (head_dim, -1)
+            or (len(pdims) == 4 and (shape[0] != pdims[0] or shape[2] != pdims[2]))):
+        raise _NoMatch(f"{what} repeat_kv: Reshape to {shape}, expected [B, {kv_heads * n_rep}, T, {head_dim}]")
+    return reshape.outputs[0], n_rep
+
+
+def _match_cache(past: ir.Value, what: str) -> ir.Node:
+    concat = _only_consumer(past, f"{what} past")
+    if concat.op_type != "Concat" or len(concat.inputs) != 2 or concat.inputs[0] is not past:
+        raise _NoMatch(f"{what}: past is not the first input of a 2-way Concat")
+    _check_axis(concat.attributes.get_int("axis"), 4, 2, f"{what} cache Concat")
+    if not concat.outputs[0].is_graph_output():
+        raise _NoMatch(f"{what}: the cache Concat is not a graph output")
+    return concat
+
+
+def _layer_name(node: ir.Node, fallback: str) -> str:
+    m = re.match(r"/?(.*?)/self_attn/", node.name or "")
+    return m.group(1).replace("/", ".") + ".self_attn" if m else fallback
+
+
+def _match_layer(past_k: ir.Value, past_v: ir.Value, where: str) -> _Site:
+    kdims, vdims = dims_of(past_k), dims_of(past_v)
+    if kdims is None or len(kdims) != 4 or not isinstance(kdims[1], int) or not isinstance(kdims[3], int):
+        raise _NoMatch(f"{past_k.name}: needs a static [B, kv_heads, T, head_dim] shape, has {kdims}")
+    if vdims is None or len(vdims) != 4 or vdims[1] != kdims[1] or vdims[3] != kdims[3]:
+        raise _NoMatch(f"{past_v.name}: shape {vdims} differs from {past_k.name} {kdims}")
+    if past_k.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16) or past_v.dtype != past_k.dtype:
+        raise _NoMatch(f"{past_k.name}: dtype {past_k.dtype} is not float32/float16")
+    nkv, d = kdims[1], kdims[3]
+    if d % 2:
+        raise _NoMatch(f"head_dim {d} is odd")
+
+    k_cat = _match_cache(past_k, "key")
+    v_cat = _match_cache(past_v, "value")
+    present_k, present_v = k_cat.outputs[0], v_cat.outputs[0]
+
+    k_rep, n_rep = _match_repeat_kv(present_k, nkv, d, "key")
+    v_rep, n_rep_v = _match_repeat_kv(present_v, nkv, d, "value")
+    if n_rep != n_rep_v:
+        raise _NoMatch(f"repeat_kv: keys repeated {n_rep}x, values {n_rep_v}x")
+    n = nkv * n_rep
+
+    # Scores: MatMul(q [* c], Transpose(K_rep) [* c]) [* c | / c].
+    scale = 1.0
+    kt = _only_consumer(k_rep, "repeated key")
+    if kt.op_type != "Transpose":
+        raise _NoMatch(f"repeated key: expected Transpose to K^T, got {kt.op_type}")
+    _check_transpose(kt, [0, 1, 3, 2], "K^T")
+    k_side = kt.outputs[0]
+    node = _only_consumer(k_side, "K^T")
+    if node.op_type == "Mul":
+        c = _scalar(node.inputs[1] if node.inputs[0] is k_side else node.inputs[0])
+        if c is None:
+            raise _NoMatch("K^T is multiplied by a non-constant")
+        scale *= c
+        k_side = node.outputs[0]
+        node = _only_consumer(k_side, "scaled K^T")
+    if node.op_type != "MatMul" or node.inputs[1] is not k_side:
+        raise _NoMatch(f"K^T: expected MatMul(q, K^T), got {node.op_type}")
+    qk = node
+    q_side = qk.inputs[0]
+    q_mul = q_side.producer()
+    if q_mul is not None and q_mul.op_type == "Mul":
+        c = _scalar(q_mul.inputs[1])
+        if c is None:
+            raise _NoMatch("q is multiplied by a non-constant")
+        scale *= c
+        q_side = q_mul.inputs[0]
+    scores = qk.outputs[0]
+    node = _only_consumer(scores, "scores")
+    if node.op_type in ("Mul", "Div"):
+        c = _scalar(node.inputs[1])
+        if c is None or node.inputs[0] is not scores:
+            raise _NoMatch(f"scores: {node.op_type} by a non-constant")
+        scale = scale * c if node.op_type == "Mul" else scale / c
+        scores = node.outputs[0]
+        node = _only_consumer(scores, "scaled scores")
+
+    # Mask: Add(scores, Where(Slice(mask), 0, -inf)).
+    if node.op_type != "Add":
+        raise _NoMatch(f"scores: expected Add(mask), got {node.op_type}")
+    bias = node.inputs[1] if node.inputs[0] is scores else node.inputs[0]
+    fill = _producer(bias, "Where", "attention mask (Where(mask, 0, -inf))")
+    if _scalar(fill.inputs[1]) != 0.0 or _scalar(fill.inputs[2]) != float("-inf"):
+        raise _NoMatch("attention mask: not Where(mask, 0, -inf)")
+    sl = _producer(fill.inputs[0], "Slice", "boolean mask")
+    sl_ins = list(sl.inputs) + [None] * (5 - len(sl.inputs))
+    if (_ints(sl_ins[1], {}, "mask slice start") != [0]
+            or (sl_ins[3] is not None and _ints(sl_ins[3], {}, "mask slice axes")[0] not in (3, -1))
+            or (sl_ins[4] is not None and _ints(sl_ins[4], {}, "mask slice steps") != [1])):
+        raise _NoMatch("boolean mask: not sliced [0:T] on the key axis")
+    mask = sl.inputs[0]
+
+    soft = _only_consumer(node.outputs[0], "masked scores")
+    if soft.op_type != "Softmax":
+        raise _NoMatch(f"masked scores: expected Softmax, got {soft.op_type}")
+    _check_axis(soft.attributes.get_int("axis", -1), 4, 3, "Softmax")
+    probs = soft.outputs[0]
+    users = {u.node for u in probs.uses()}
+    isnan = [u for u in users if u.op_type == "IsNaN"]
+    if isnan:
+        # Where(IsNaN(p), 0, p): a row with no visible key gives 0.
+        wh = _only_consumer(isnan[0].outputs[0], "IsNaN")
+        if (wh.op_type != "Where" or wh.inputs[2] is not probs or _scalar(wh.inputs[1]) != 0.0
+                or len(users) != 2 or wh not in users):
+            raise _NoMatch("softmax: IsNaN guard is not Where(IsNaN(p), 0, p)")
+        probs = wh.outputs[0]
+    pv = _only_consumer(probs, "probabilities")
+    if pv.op_type != "MatMul" or pv.inputs[0] is not probs or pv.inputs[1] is not v_rep:
+        raise _NoMatch(f"probabilities: expected MatMul(p, repeated V), got {pv.op_type}")
+    tr = _only_consumer(pv.outputs[0], "attention BNSH")
+    if tr.op_type != "Transpose":
+        raise _NoMatch(f"attention output: expected Transpose, got {tr.op_type}")
+    _check_transpose(tr, [0, 2, 1, 3], "attention output to BSNH")
+    rs = _only_consumer(tr.outputs[0], "attention BSNH")
+    if rs.op_type != "Reshape":
+        raise _NoMatch(f"attention output: expected Reshape to [B, S, N*D], got {rs.op_type}")
+    target = _ints(rs.inputs[1], {}, "attention output Reshape shape")
+    if len(target) != 3 or target[2] not in (-1, n * d):
+        raise _NoMatch(f"attention output: Reshape to {target}, expected [B, S, {n * d}]")
+
+    # Rotary on q and on the new keys; values go in unrotated.
+    x_q, cos_q, sin_q = _match_rotary(q_side, d, n, "query")
+    x_k, cos_k, sin_k = _match_rotary(k_cat.inputs[1], d, nkv, "key")
+    if cos_q is not cos_k or sin_q is not sin_k:
+        raise _NoMatch("rotary: query and key use different cos/sin")
+    v_tr = _producer(v_cat.inputs[1], "Transpose", "new values")
+    _check_transpose(v_tr, [0, 2, 1, 3], "values to BNSH")
+
+    # The fused graph no longer computes the rotated BNSH q/k; anything else
+    # reading them would be left dangling on the unfused path.
+    for val, what in ((q_side, "rotated query"), (k_cat.inputs[1], "rotated key")):
+        extra = {u.node.op_type for u in val.uses()} - {"MatMul", "Concat", "Mul", "Shape"}
+        if extra:
+            raise _NoMatch(f"{what} is also read by {sorted(extra)}")
+
+    return _Site(where=where, x_q=x_q, x_k=x_k, x_v=v_tr.inputs[0], cos=cos_q, sin=sin_q,
+                 past_k=past_k, past_v=past_v, present_k=present_k, present_v=present_v,
+                 mask=mask, out=rs.outputs[0], num_heads=n, kv_num_heads=nkv, head_dim=d,
+                 scale=scale, dtype=past_k.dtype)
+
+
+# ------------------------------------------------------------------ rewriting
+
+
+class _Builder:
+    """Creates the fused nodes, sharing constants and the per-model rotary
+    broadcast (cos/sin unsqueezed for [B, S, heads, D]) across layers."""
+
+    def __init__(self, graph: ir.Graph):
+        self.graph = graph
+        self.consts: dict[tuple, ir.Value] = {}
+        self.bsnh: dict[ir.Value, ir.Value] = {}
+
+    def const(self, array: np.ndarray, name: str) -> ir.Value:
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self.consts:
+            value = ir.Value(name=f"gqa_fusion/{name}_{len(self.consts)}", const_value=ir.tensor(array))
+            self.graph.register_initializer(value)
+            self.consts[key] = value
+        return self.consts[key]
+
+    def cos_sin_bsnh(self, tape: ir.tape.Tape, src: ir.Value) -> ir.Value:
+        if src not in self.bsnh:
+            self.bsnh[src] = tape.op("Unsqueeze", [src, self.const(np.array([2], np.int64), "axes")])
+        return self.bsnh[src]
+
+
+def _rotary(tape, b: _Builder, x, cos, sin, head_dim: int):
+    """x*cos + rotate_half(x)*sin on [B, S, heads, D]: the exported ops, in
+    the same order, so the results are bit-identical."""
+    half = b.const(np.array([head_dim // 2, head_dim // 2], np.int64), "halves")
+    lo, hi = tape.op_multi_out("Split", [x, half], {"axis": -1}, num_outputs=2)
+    rotated = tape.op("Concat", [tape.op("Neg", [hi]), lo], {"axis": -1})
+    return tape.op("Add", [tape.op("Mul", [x, cos]), tape.op("Mul", [rotated, sin])])
+
+
+def _fuse(graph: ir.Graph, b: _Builder, site: _Site) -> dict:
+    np_dtype = np.float32 if site.dtype == ir.DataType.FLOAT else np.float16
+    i64 = lambda *xs: np.array(xs, np.int64)  # noqa: E731
+    tape = ir.tape.Tape()
+    flat = b.const(i64(0, 0, -1), "bsd")
+    cos = b.cos_sin_bsnh(tape, site.cos)
+    sin = b.cos_sin_bsnh(tape, site.sin)
+    q = tape.op("Reshape", [_rotary(tape, b, site.x_q, cos, sin, site.head_dim), flat])
+    k = tape.op("Reshape", [_rotary(tape, b, site.x_k, cos, sin, site.head_dim), flat])
+    v = tape.op("Reshape", [site.x_v, flat])
+
+    # Lengths: every row holds past + S keys (padding is in the mask).
+    past_len = tape.op("Shape", [site.past_k], {"start": 2, "end": 3})
+    new_len = tape.op("Shape", [site.x_k], {"start": 1, "end": 2})
+    total = tape.op("Add", [past_len, new_len])
+    total_i32 = tape.op("Cast", [tape.op("Squeeze", [total, b.const(i64(0), "axes")])],
+                        {"to": ir.DataType.INT32})
+    batch = tape.op("Shape", [site.x_k], {"start": 0, "end": 1})
+    seqlens = tape.op("Expand", [tape.op("Cast", [tape.op("Sub", [total, b.const(i64(1), "one")])],
+                                         {"to": ir.DataType.INT32}), batch])
+
+    # Padding: the exported boolean mask [B, 1, S, T] as an additive bias.
+    mask = tape.op("Slice", [site.mask, b.const(i64(0), "zero"), total, b.const(i64(3), "axes")])
+    bias = tape.op("Where", [mask, b.const(np.array(0, np_dtype), "zero_f"),
+                             b.const(np.array(np.finfo(np_dtype).min, np_dtype), "lowest")])
+    visible = tape.op("ReduceMax", [tape.op("Cast", [mask], {"to": site.dtype}), b.const(i64(1, 3), "axes")],
+                      {"keepdims": 0})
+    row_factor = tape.op("Unsqueeze", [visible, b.const(i64(-1), "axes")])
+
+    attn, present_k, present_v = tape.op_multi_out(
+        "GroupQueryAttention",
+        [q, k, v, site.past_k, site.past_v, seqlens, total_i32, None, None, None, bias],
+        {"num_heads": site.num_heads, "kv_num_heads": site.kv_num_heads, "scale": float(site.scale),
+         "do_rotary": 0},
+        domain="com.microsoft", num_outputs=3, name=f"{site.where}/GroupQueryAttention")
+    out = tape.op("Mul", [attn, row_factor])
+
+    old_out_node = site.out.producer()
+    graph.insert_before(old_out_node, tape.nodes)
+    dead_roots = [old_out_node, site.present_k.producer(), site.present_v.producer()]
+    site.out.replace_all_uses_with(out)
+    for old, new in ((site.present_k, present_k), (site.present_v, present_v)):
+        name = old.name
+        ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+        old.name = f"{name}/unfused"
+        new.name = name
+    removed = _remove_dead(graph, dead_roots)
+    return {"layer": site.where, "num_heads": site.num_heads, "kv_num_heads": site.kv_num_heads,
+            "head_dim": site.head_dim, "nodes_removed": removed, "nodes_added": len(tape.nodes)}
+
+
+def _remove_dead(graph: ir.Graph, roots: list[ir.Node]) -> int:
+    """Removes `roots` and, transitively, their producers once nothing reads
+    them (a node another part of the graph still uses stays)."""
+    removed = 0
+    work = list(roots)
+    seen: set[ir.Node] = set()
+    while work:
+        node = work.pop()
+        if node in seen or node.graph is not graph:
+            continue
+        if any(o.uses() or o.is_graph_output() for o in node.outputs):
+            continue
+        seen.add(node)
+        inputs = [v for v in node.inputs if v is not None]
+        graph.remove(node, safe=True)
+        removed += 1
+        work.extend(v.producer() for v in inputs if v.producer() is not None)
+    return removed
+
+
+# ------------------------------------------------------------------ the pass
+
+
+def _kv_inputs(graph: ir.Graph) -> list[tuple[str, ir.Value, ir.Value]]:
+    """(layer index, past key, past value) of optimum's KV-cache inputs."""
+    by_name = {v.name: v for v in graph.inputs}
+    pairs = []
+    for name, value in by_name.items():
+        m = re.fullmatch(r"past_key_values\.(\d+)\.key", name or "")
+        if m and f"past_key_values.{m.group(1)}.value" in by_name:
+            pairs.append((int(m.group(1)), value, by_name[f"past_key_values.{m.group(1)}.value"]))
+    return [(str(i), k, v) for i, k, v in sorted(pairs, key=lambda p: p[0])]
+
+
+def apply(model: ir.Model, **options) -> PassReport:
+    """Fuses every layer whose attention matches; options are ignored."""
+    report = PassReport(name=NAME)
+    graph = model.graph
+    builder = _Builder(graph)
+    for index, past_k, past_v in _kv_inputs(graph):
+        where = f"layer {index}"
+        concat = next((u.node for u in past_k.uses() if u.node.op_type == "Concat"), None)
+        if concat is not None:
+            where = _layer_name(concat, where)
+        try:
+            site = _match_layer(past_k, past_v, where)
+        except _NoMatch as e:
+            report.skipped.append({"where": where, "reason": str(e)})
+            continue
+        report.fused.append(_fuse(graph, builder, site))
+    if report.fused:
+        graph.sort()
+        if "com.microsoft" not in model.opset_imports:
+            model.opset_imports["com.microsoft"] = 1
+    return report
