@@ -28,9 +28,10 @@ Why this construction keeps left-padded batches exact:
   where Concat puts them, and its causal limit (key j <= past + s) is the
   one the exported mask already contains.
 * Padding lives only in the graph's own boolean mask, passed as an additive
-  attention_bias. The fill is the lowest finite float, not -inf: a row
-  that sees nothing then gives a finite average instead of NaN, and the row
-  factor sets it to 0 as the unfused IsNaN/Where does.
+  attention_bias. The fill is the lowest finite float, not -inf, so no
+  kernel can turn a row that sees nothing (a left-pad query) into NaN; the
+  row factor then makes that row 0, as the unfused IsNaN/Where does,
+  whatever the kernel computes for it (ORT's CPU EP already gives 0 there).
 * Rotary stays outside GQA, driven by the exported cos/sin (from
   position_ids). ONNX Runtime's CPU GroupQueryAttention (checked on 1.32)
   rotates a first prompt at positions 0..S-1 whatever position_ids says,
@@ -429,7 +430,7 @@ def _fuse(graph: ir.Graph, b: _Builder, site: _Site) -> dict:
         name = old.name
         ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
         old.name = f"{name}/unfused"
-        new.name = name
+        new.name, new.type, new.shape = name, old.type, old.shape
     removed = _remove_dead(graph, dead_roots)
     return {"layer": site.where, "num_heads": site.num_heads, "kv_num_heads": site.kv_num_heads,
             "head_dim": site.head_dim, "nodes_removed": removed, "nodes_added": len(tape.nodes)}
