@@ -1,0 +1,156 @@
+"""Tiny random HuggingFace MoE checkpoints, built offline.
+
+Each recipe makes a transformers config with small but non-trivial shapes
+(E >= 4 experts, top-k >= 2, grouped-query attention with more q heads than
+kv heads, 2 layers, sizes that are not powers of two), initialises the model
+randomly from a seed and saves it with ``save_pretrained`` next to a
+byte-level tokenizer, so the directory looks like a real checkpoint to
+``hina-export`` and optimum. The same seed gives the same weights.
+
+    python -m hinamoe.models.hf_tiny OUT_ROOT [--arch mixtral ...] [--seed 0]
+
+writes ``OUT_ROOT/<arch>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Callable
+
+# Larger than transformers' default 0.02 so that router probabilities and the
+# next-token logits are well separated: greedy decoding and top-k routing of a
+# random model then do not hinge on near-ties that float rounding could flip.
+INIT_STD = 0.1
+VOCAB = 300  # 256 bytes + a few specials; not a power of two
+BOS, EOS, PAD = 256, 257, 258
+
+
+def _common(**overrides) -> dict:
+    base = dict(
+        vocab_size=VOCAB,
+        num_hidden_layers=2,
+        max_position_embeddings=256,
+        initializer_range=INIT_STD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-6,
+    )
+    base.update(overrides)
+    return base
+
+
+def mixtral_config():
+    from transformers import MixtralConfig
+
+    # 6 q heads / 2 kv heads of 16; 6 experts, top-2, renormalised.
+    return MixtralConfig(**_common(
+        hidden_size=96, intermediate_size=80, num_attention_heads=6, num_key_value_heads=2,
+        head_dim=16, num_local_experts=6, num_experts_per_tok=2, sliding_window=None,
+        rope_theta=10000.0))
+
+
+def qwen2_moe_config():
+    from transformers import Qwen2MoeConfig
+
+    # Shared expert with its sigmoid gate; routing weights NOT renormalised.
+    return Qwen2MoeConfig(**_common(
+        hidden_size=96, intermediate_size=112, moe_intermediate_size=40,
+        shared_expert_intermediate_size=72, num_attention_heads=6, num_key_value_heads=2,
+        num_experts=6, num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1,
+        mlp_only_layers=[], use_sliding_window=False, rope_theta=10000.0))
+
+
+def qwen3_moe_config():
+    from transformers import Qwen3MoeConfig
+
+    # head_dim * q heads (128) != hidden (80), as Qwen3 allows; renormalised.
+    return Qwen3MoeConfig(**_common(
+        hidden_size=80, intermediate_size=112, moe_intermediate_size=48,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=16, num_experts=8,
+        num_experts_per_tok=3, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        use_sliding_window=False, rope_theta=10000.0))
+
+
+def gpt_oss_config():
+    from transformers import GptOssConfig
+
+    return GptOssConfig(**_common(
+        hidden_size=64, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], rope_scaling=None,
+        rope_theta=10000.0))
+
+
+# arch -> config factory. Keys are HF `model_type`s.
+RECIPES: dict[str, Callable] = {
+    "mixtral": mixtral_config,
+    "qwen2_moe": qwen2_moe_config,
+    "qwen3_moe": qwen3_moe_config,
+    "gpt_oss": gpt_oss_config,
+}
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer over the 256 byte values plus bos/eos/pad, built
+    without downloads (no merges: one token per byte)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()
+    # ByteLevel maps each byte to a printable char; order them by byte value.
+    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
+    assert set(vocab) == set(byte_chars)
+    vocab.update({"<s>": BOS, "</s>": EOS, "<pad>": PAD})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>", padding_side="left",
+                                   model_input_names=["input_ids", "attention_mask"])
+
+
+def build(arch: str, out_dir: str | Path, seed: int = 0, config=None) -> Path:
+    """Builds the tiny `arch` checkpoint (or one from `config`) into `out_dir`."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    if config is None:
+        if arch not in RECIPES:
+            raise ValueError(f"no tiny recipe for {arch!r}; have: {', '.join(RECIPES)}")
+        config = RECIPES[arch]()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model.generation_config = GenerationConfig(bos_token_id=BOS, eos_token_id=EOS,
+                                               pad_token_id=PAD, do_sample=False)
+    model.save_pretrained(out)
+    byte_tokenizer().save_pretrained(out)
+    return out
+
+
+def build_all(root: str | Path, archs=None, seed: int = 0) -> dict[str, Path]:
+    return {a: build(a, Path(root) / a, seed) for a in (archs or RECIPES)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m hinamoe.models.hf_tiny",
+        description="Build tiny random HF MoE checkpoints (offline) into OUT_ROOT/<arch>/.")
+    p.add_argument("out_root", help="folder that receives one checkpoint folder per architecture")
+    p.add_argument("--arch", action="append", choices=sorted(RECIPES),
+                   help="architecture to build (repeatable; default: all)")
+    p.add_argument("--seed", type=int, default=0, help="weights seed (same seed, same weights)")
+    args = p.parse_args(argv)
+    for arch, path in build_all(args.out_root, args.arch, args.seed).items():
+        print(f"{arch}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""HF checkpoint -> optimum ONNX export -> graph passes -> output folder.
+
+The stages, each with its own function so tests and other tools can call them:
+``export_unfused`` (optimum's main_export with our configs registered),
+``fuse`` (hinamoe.graph_passes.run_passes), ``save_model`` (external data for
+large weights) and ``copy_configs``. ``export`` runs them all.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+from .checkpoint import ExportError, check_checkpoint
+
+TASK = "text-generation-with-past"
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx_data"
+REPORT_FILE = "fusion_report.json"
+DTYPES = ("fp32", "fp16", "bf16")
+# Initializers at least this large go to model.onnx_data (protobuf caps at 2 GB).
+EXTERNAL_DATA_THRESHOLD = 1024
+# What the output folder gets from the checkpoint / optimum's export besides the graph.
+SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+              "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt",
+              "chat_template.jinja")
+
+
+def export_unfused(model_dir: str | Path, out_dir: str | Path, *, opset: int | None = None,
+                   validate: bool = False) -> Path:
+    """optimum's ONNX export of `model_dir` (one decoder with KV-cache inputs)
+    into `out_dir`; returns the model.onnx path. The experts are unrolled over
+    all experts by our patcher; nothing is fused."""
+    from .configs import register
+
+    check_checkpoint(model_dir)
+    register()
+    from optimum.exporters.onnx import main_export
+
+    main_export(str(model_dir), str(out_dir), task=TASK, opset=opset, device="cpu",
+                do_validation=validate, local_files_only=True, library_name="transformers")
+    model_path = Path(out_dir) / MODEL_FILE
+    if not model_path.is_file():
+        raise ExportError(f"optimum wrote no {MODEL_FILE} into {out_dir}")
+    return model_path
+
+
+def fuse(model_path: str | Path, *, dtype: str = "fp32", **options):
+    """Runs the graph passes on the exported model; returns (ir.Model, FusionReport)."""
+    import onnx_ir as ir
+
+    from hinamoe.graph_passes import run_passes
+
+    model = ir.load(str(model_path))
+    return run_passes(model, dtype=dtype, **options)
+
+
+def save_model(model, out_dir: str | Path, *, threshold: int = EXTERNAL_DATA_THRESHOLD) -> Path:
+    """Writes `model` (onnx_ir.Model) as out_dir/model.onnx with initializers of
+    `threshold` bytes or more in out_dir/model.onnx_data."""
+    import onnx_ir as ir
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / MODEL_FILE
+    for stale in (path, out / DATA_FILE):
+        stale.unlink(missing_ok=True)
+    ir.save(model, path, external_data=DATA_FILE, size_threshold_bytes=threshold)
+    return path
+
+
+def copy_configs(sources: list[Path], out_dir: str | Path) -> list[str]:
+    """Copies config, generation config and tokenizer files found in `sources`
+    (first one that has a file wins) into `out_dir`; returns the names copied."""
+    copied = []
+    for name in SIDE_FILES:
+        for src in sources:
+            if (src / name).is_file():
+                if (src / name).resolve() != (Path(out_dir) / name).resolve():
+                    shutil.copy2(src / name, Path(out_dir) / name)
+                copied.append(name)
+                break
+    return copied
+
+
+def export(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", fuse_graph: bool = True,
+           opset: int | None = None, validate: bool = False, progress: bool = True,
+           keep_unfused: bool = False, threshold: int = EXTERNAL_DATA_THRESHOLD):
+    """The whole hina-export: returns (model path, FusionReport or None when unfused)."""
+    from tqdm.auto import tqdm
+
+    ckpt = check_checkpoint(model_dir)
+    if dtype not in DTYPES:
+        raise ExportError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if not fuse_graph and dtype != "fp32":
+        raise ExportError("--dtype fp16/bf16 converts the fused MoE nodes' weights; it needs fusion"
+                          " (drop --no-fuse)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = ["export"] + (["passes", "save"] if fuse_graph else []) + ["configs"]
+    bar = tqdm(total=len(stages), desc=f"hina-export {ckpt.display_name}", unit="stage",
+               disable=not progress)
+    report = None
+    with tempfile.TemporaryDirectory(prefix="hina-export-", dir=out) as tmp:
+        unfused_dir = (out / "unfused") if keep_unfused else Path(tmp)
+        bar.set_postfix_str("optimum export (tracing)")
+        unfused = export_unfused(ckpt.path, out if not fuse_graph else unfused_dir, opset=opset,
+                                 validate=validate)
+        bar.update()
+        if fuse_graph:
+            bar.set_postfix_str("graph passes")
+            model, report = fuse(unfused, dtype=dtype)
+            bar.update()
+            bar.set_postfix_str("saving")
+            model_path = save_model(model, out, threshold=threshold)
+            del model
+            bar.update()
+            report.to_json(out / REPORT_FILE)
+        else:
+            model_path = unfused
+        bar.set_postfix_str("configs")
+        copy_configs([ckpt.path, unfused.parent], out)
+        bar.update()
+    bar.close()
+    logging.getLogger(__name__).info("wrote %s", model_path)
+    return model_path, report
