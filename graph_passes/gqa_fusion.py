@@ -10,6 +10,7 @@ heads)::
     repeat_kv       = Unsqueeze(2) -> Expand(n_rep) -> Reshape [B,N,T,D]
     scores = MatMul(q*c, K^T*c) + Where(mask, 0, -inf) -> Softmax
              -> Where(IsNaN, 0, .) -> MatMul(V) -> Transpose -> Reshape [B,S,N*D]
+    (c may be computed from Shape(q); the mask may be an additive float one)
 
 What it becomes::
 
@@ -32,6 +33,12 @@ Why this construction keeps left-padded batches exact:
   kernel can turn a row that sees nothing (a left-pad query) into NaN; the
   row factor then makes that row 0, as the unfused IsNaN/Where does,
   whatever the kernel computes for it (ORT's CPU EP already gives 0 there).
+* Some exports (older transformers mask code, e.g. Qwen2-MoE's) add a float
+  mask (0 / lowest) instead: it goes in as attention_bias unchanged. Real
+  query rows are then exact as above; a pad query row, which that export
+  lets attend to every key (later ones too), gets a causal average instead.
+  No real token ever reads a pad position (its bias is lowest), so logits
+  and cache agree at every real position.
 * Rotary stays outside GQA, driven by the exported cos/sin (from
   position_ids). ONNX Runtime's CPU GroupQueryAttention (checked on 1.32)
   rotates a first prompt at positions 0..S-1 whatever position_ids says,
@@ -48,6 +55,7 @@ unfused with the reason in the report.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import numpy as np
@@ -77,7 +85,8 @@ class _Site:
     past_v: ir.Value
     present_k: ir.Value  # graph outputs the fused node must produce
     present_v: ir.Value
-    mask: ir.Value  # boolean [B, 1, S, >= T], before the per-layer slice
+    mask: ir.Value  # [B, 1, S, >= T] before the per-layer slice
+    mask_kind: str  # "bool" (True = visible) or "additive" (0 / huge negative)
     out: ir.Value  # attention output [B, S, N*D] (o_proj's input)
     num_heads: int
     kv_num_heads: int
@@ -110,6 +119,31 @@ def _scalar(value: ir.Value | None) -> float | None:
     if arr is None or arr.size != 1:
         return None
     return float(arr.reshape(-1)[0])
+
+
+def _float_scalar(value: ir.Value | None, known: dict, depth: int = 0) -> float | None:
+    """A float scalar the graph computes from constants and static dims,
+    e.g. sqrt(1 / sqrt(head_dim)) built from Shape(q)."""
+    c = _scalar(value)
+    if c is not None or value is None or depth > 16:
+        return c
+    node = value.producer()
+    if node is None:
+        return None
+    if node.op_type == "Cast":
+        inner = evaluate(node.inputs[0], known)
+        if inner is not None and inner.ints() is not None and len(inner.items) == 1:
+            return float(inner.items[0])
+        return _float_scalar(node.inputs[0], known, depth + 1)
+    if node.op_type == "Sqrt":
+        x = _float_scalar(node.inputs[0], known, depth + 1)
+        return None if x is None or x < 0 else math.sqrt(x)
+    if node.op_type in ("Mul", "Div"):
+        a, b = (_float_scalar(v, known, depth + 1) for v in node.inputs)
+        if a is None or b is None or (node.op_type == "Div" and b == 0):
+            return None
+        return a * b if node.op_type == "Mul" else a / b
+    return None
 
 
 def _check_transpose(node: ir.Node, perm: list[int], what: str) -> None:
@@ -250,55 +284,65 @@ def _match_layer(past_k: ir.Value, past_v: ir.Value, where: str) -> _Site:
         raise _NoMatch(f"repeat_kv: keys repeated {n_rep}x, values {n_rep_v}x")
     n = nkv * n_rep
 
-    # Scores: MatMul(q [* c], Transpose(K_rep) [* c]) [* c | / c].
-    scale = 1.0
+    # Scores: MatMul(q [* c], Transpose(K_rep) [* c]) [* c | / c]. The
+    # constants may be computed from the head dim (Shape of q), so they are
+    # evaluated once q and K^T are known.
     kt = _only_consumer(k_rep, "repeated key")
     if kt.op_type != "Transpose":
         raise _NoMatch(f"repeated key: expected Transpose to K^T, got {kt.op_type}")
     _check_transpose(kt, [0, 1, 3, 2], "K^T")
-    k_side = kt.outputs[0]
+    k_side = k_scaled = kt.outputs[0]
     node = _only_consumer(k_side, "K^T")
+    k_mul = None
     if node.op_type == "Mul":
-        c = _scalar(node.inputs[1] if node.inputs[0] is k_side else node.inputs[0])
-        if c is None:
-            raise _NoMatch("K^T is multiplied by a non-constant")
-        scale *= c
-        k_side = node.outputs[0]
-        node = _only_consumer(k_side, "scaled K^T")
-    if node.op_type != "MatMul" or node.inputs[1] is not k_side:
+        k_mul, k_scaled = node, node.outputs[0]
+        node = _only_consumer(k_scaled, "scaled K^T")
+    if node.op_type != "MatMul" or node.inputs[1] is not k_scaled:
         raise _NoMatch(f"K^T: expected MatMul(q, K^T), got {node.op_type}")
     qk = node
     q_side = qk.inputs[0]
     q_mul = q_side.producer()
     if q_mul is not None and q_mul.op_type == "Mul":
-        c = _scalar(q_mul.inputs[1])
-        if c is None:
-            raise _NoMatch("q is multiplied by a non-constant")
-        scale *= c
         q_side = q_mul.inputs[0]
+    else:
+        q_mul = None
+    qk_dims = {q_side: [Dim("B", 0), n, Dim("S", 0), d], k_side: [Dim("B", 0), n, d, Dim("T", 0)]}
+    scale = 1.0
+    for mul, base, what in ((q_mul, q_side, "q"), (k_mul, k_side, "K^T")):
+        if mul is None:
+            continue
+        c = _float_scalar(mul.inputs[1] if mul.inputs[0] is base else mul.inputs[0], qk_dims)
+        if c is None:
+            raise _NoMatch(f"{what} is multiplied by a non-constant")
+        scale *= c
     scores = qk.outputs[0]
     node = _only_consumer(scores, "scores")
     if node.op_type in ("Mul", "Div"):
-        c = _scalar(node.inputs[1])
+        c = _float_scalar(node.inputs[1], qk_dims)
         if c is None or node.inputs[0] is not scores:
             raise _NoMatch(f"scores: {node.op_type} by a non-constant")
         scale = scale * c if node.op_type == "Mul" else scale / c
         scores = node.outputs[0]
         node = _only_consumer(scores, "scaled scores")
 
-    # Mask: Add(scores, Where(Slice(mask), 0, -inf)).
+    # Mask: Add(scores, Where(Slice(bool mask), 0, -inf)) or, from older
+    # mask code, Add(scores, Slice(float mask)) holding 0 / a huge negative.
     if node.op_type != "Add":
         raise _NoMatch(f"scores: expected Add(mask), got {node.op_type}")
     bias = node.inputs[1] if node.inputs[0] is scores else node.inputs[0]
-    fill = _producer(bias, "Where", "attention mask (Where(mask, 0, -inf))")
-    if _scalar(fill.inputs[1]) != 0.0 or _scalar(fill.inputs[2]) != float("-inf"):
-        raise _NoMatch("attention mask: not Where(mask, 0, -inf)")
-    sl = _producer(fill.inputs[0], "Slice", "boolean mask")
+    fill = bias.producer()
+    if fill is not None and fill.op_type == "Where":
+        if _scalar(fill.inputs[1]) != 0.0 or _scalar(fill.inputs[2]) != float("-inf"):
+            raise _NoMatch("attention mask: Where(mask, a, b) with (a, b) != (0, -inf)")
+        mask_kind, sliced = "bool", fill.inputs[0]
+    else:
+        mask_kind, sliced = "additive", bias
+    sl = _producer(sliced, "Slice", f"{mask_kind} attention mask")
     sl_ins = list(sl.inputs) + [None] * (5 - len(sl.inputs))
     if (_ints(sl_ins[1], {}, "mask slice start") != [0]
             or (sl_ins[3] is not None and _ints(sl_ins[3], {}, "mask slice axes")[0] not in (3, -1))
             or (sl_ins[4] is not None and _ints(sl_ins[4], {}, "mask slice steps") != [1])):
-        raise _NoMatch("boolean mask: not sliced [0:T] on the key axis")
+        raise _NoMatch(f"{mask_kind} attention mask: not sliced [0:T] on the key axis")
     mask = sl.inputs[0]
 
     soft = _only_consumer(node.outputs[0], "masked scores")
@@ -346,7 +390,7 @@ def _match_layer(past_k: ir.Value, past_v: ir.Value, where: str) -> _Site:
 
     return _Site(where=where, x_q=x_q, x_k=x_k, x_v=v_tr.inputs[0], cos=cos_q, sin=sin_q,
                  past_k=past_k, past_v=past_v, present_k=present_k, present_v=present_v,
-                 mask=mask, out=rs.outputs[0], num_heads=n, kv_num_heads=nkv, head_dim=d,
+                 mask=mask, mask_kind=mask_kind, out=rs.outputs[0], num_heads=n, kv_num_heads=nkv, head_dim=d,
                  scale=scale, dtype=past_k.dtype)
 
 
@@ -406,13 +450,17 @@ def _fuse(graph: ir.Graph, b: _Builder, site: _Site) -> dict:
     seqlens = tape.op("Expand", [tape.op("Cast", [tape.op("Sub", [total, b.const(i64(1), "one")])],
                                          {"to": ir.DataType.INT32}), batch])
 
-    # Padding: the exported boolean mask [B, 1, S, T] as an additive bias.
+    # Padding: the exported mask [B, 1, S, T] as an additive bias.
     mask = tape.op("Slice", [site.mask, b.const(i64(0), "zero"), total, b.const(i64(3), "axes")])
-    bias = tape.op("Where", [mask, b.const(np.array(0, np_dtype), "zero_f"),
-                             b.const(np.array(np.finfo(np_dtype).min, np_dtype), "lowest")])
-    visible = tape.op("ReduceMax", [tape.op("Cast", [mask], {"to": site.dtype}), b.const(i64(1, 3), "axes")],
-                      {"keepdims": 0})
-    row_factor = tape.op("Unsqueeze", [visible, b.const(i64(-1), "axes")])
+    row_factor = None
+    if site.mask_kind == "bool":
+        bias = tape.op("Where", [mask, b.const(np.array(0, np_dtype), "zero_f"),
+                                 b.const(np.array(np.finfo(np_dtype).min, np_dtype), "lowest")])
+        visible = tape.op("ReduceMax", [tape.op("Cast", [mask], {"to": site.dtype}),
+                                        b.const(i64(1, 3), "axes")], {"keepdims": 0})
+        row_factor = tape.op("Unsqueeze", [visible, b.const(i64(-1), "axes")])
+    else:
+        bias = mask
 
     attn, present_k, present_v = tape.op_multi_out(
         "GroupQueryAttention",
@@ -420,7 +468,7 @@ def _fuse(graph: ir.Graph, b: _Builder, site: _Site) -> dict:
         {"num_heads": site.num_heads, "kv_num_heads": site.kv_num_heads, "scale": float(site.scale),
          "do_rotary": 0},
         domain="com.microsoft", num_outputs=3, name=f"{site.where}/GroupQueryAttention")
-    out = tape.op("Mul", [attn, row_factor])
+    out = attn if row_factor is None else tape.op("Mul", [attn, row_factor])
 
     old_out_node = site.out.producer()
     graph.insert_before(old_out_node, tape.nodes)
@@ -433,7 +481,8 @@ def _fuse(graph: ir.Graph, b: _Builder, site: _Site) -> dict:
         new.name, new.type, new.shape = name, old.type, old.shape
     removed = _remove_dead(graph, dead_roots)
     return {"layer": site.where, "num_heads": site.num_heads, "kv_num_heads": site.kv_num_heads,
-            "head_dim": site.head_dim, "nodes_removed": removed, "nodes_added": len(tape.nodes)}
+            "head_dim": site.head_dim, "mask": site.mask_kind, "nodes_removed": removed,
+            "nodes_added": len(tape.nodes)}
 
 
 def _remove_dead(graph: ir.Graph, roots: list[ir.Node]) -> int:

@@ -155,6 +155,17 @@ def evaluate(value: ir.Value | None, known: dict | None = None, depth: int = 0) 
     if op == "Squeeze":
         inner = evaluate(ins[0], known, depth + 1)
         return None if inner is None or len(inner.items) != 1 else IntExpr(inner.items, scalar=True)
+    if op == "Slice":
+        data = evaluate(ins[0], known, depth + 1)
+        bounds = [const_array(v) if v is not None else None for v in list(ins[1:]) + [None] * (5 - len(ins))]
+        if data is None or data.scalar or bounds[0] is None or bounds[1] is None:
+            return None
+        axes, steps = bounds[2], bounds[3]
+        if (axes is not None and axes.reshape(-1).tolist() not in ([0], [-1])) or (
+                steps is not None and steps.reshape(-1).tolist() != [1]):
+            return None  # only a plain [start:end] of a 1-D expression
+        start, end = int(bounds[0].reshape(-1)[0]), int(bounds[1].reshape(-1)[0])
+        return IntExpr(tuple(data.items[start:end]))
     if op == "Concat":
         parts = [evaluate(v, known, depth + 1) for v in ins]
         if any(p is None or p.scalar for p in parts):

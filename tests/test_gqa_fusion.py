@@ -30,33 +30,11 @@ RTOL, ATOL = 2e-5, 2e-5
 
 
 def _export_unfused(arch: str, root: Path) -> Path:
-    try:
-        from hinamoe.export.export import export_unfused
-    except ImportError:  # until the export branch (hina-export) is merged
-        return _export_qwen3_moe_directly(arch, root)
+    """hina-export's first stage (optimum, no passes) on the tiny recipe."""
+    from hinamoe.export.export import export_unfused
     from hinamoe.models import hf_tiny
 
-    ckpt = hf_tiny.build(arch, root / "hf")
-    return export_unfused(ckpt, root / "onnx")
-
-
-def _export_qwen3_moe_directly(arch: str, root: Path) -> Path:
-    """Stand-in for hina-export: optimum exports Qwen3-MoE by itself."""
-    if arch != "qwen3_moe":
-        pytest.skip("needs hinamoe.export (export branch) for this architecture")
-    import torch
-    from optimum.exporters.onnx import main_export
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    cfg = Qwen3MoeConfig(vocab_size=300, hidden_size=80, intermediate_size=112, moe_intermediate_size=48,
-                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=16,
-                         num_experts=8, num_experts_per_tok=3, norm_topk_prob=True, initializer_range=0.1,
-                         max_position_embeddings=256, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    Qwen3MoeForCausalLM(cfg).eval().save_pretrained(root / "hf")
-    main_export(str(root / "hf"), str(root / "onnx"), task="text-generation-with-past", device="cpu",
-                do_validation=False)
-    return root / "onnx" / "model.onnx"
+    return export_unfused(hf_tiny.build(arch, root / "hf"), root / "onnx")
 
 
 @pytest.fixture(scope="session")
@@ -134,16 +112,34 @@ def _run_both(unfused_sess, fused_sess, rng, vocab: int):
     return _steps(unfused_sess, ids, mask, tokens), _steps(fused_sess, ids, mask, tokens), mask
 
 
-def _assert_steps_equal(got, want):
-    """Every output of every step, padded positions included: the fused
-    graph reproduces the unfused one there too (zero attention rows)."""
+def _assert_steps_equal(got, want, mask, pad_positions_too: bool):
+    """Every output of every step at the real (non-pad) positions, and with
+    `pad_positions_too` at the padded ones as well: where the export masks
+    with a boolean mask, the fused graph reproduces its zero rows for pad
+    queries. (With an additive float mask the export lets pad queries attend
+    to every key, later ones included, which a causal GQA does not; no real
+    token reads those positions.)"""
     assert len(got) == len(want) == DECODE_STEPS + 1
+    B = mask.shape[0]
     for step, (g, w) in enumerate(zip(got, want)):
         assert set(g) == set(w) and any(k.startswith("present.") for k in g)
+        real_kv = np.concatenate([mask, np.ones((B, step), mask.dtype)], 1).astype(bool)
         for name in w:
             assert g[name].shape == w[name].shape, (step, name, g[name].shape, w[name].shape)
             assert np.isfinite(g[name]).all(), (step, name)
-            np.testing.assert_allclose(g[name], w[name], rtol=RTOL, atol=ATOL, err_msg=f"step {step} {name}")
+            if pad_positions_too:
+                gs, ws = g[name], w[name]
+            elif name == "logits":
+                real = mask.astype(bool) if step == 0 else np.ones((B, 1), bool)
+                gs, ws = g[name][real], w[name][real]
+            else:  # [B, kv_heads, T, d] -> the real columns
+                gs = np.transpose(g[name], (0, 2, 1, 3))[real_kv]
+                ws = np.transpose(w[name], (0, 2, 1, 3))[real_kv]
+            np.testing.assert_allclose(gs, ws, rtol=RTOL, atol=ATOL, err_msg=f"step {step} {name}")
+
+
+def _pad_positions_too(report) -> bool:
+    return all(site["mask"] == "bool" for site in report.fused)
 
 
 def _vocab(model: ir.Model) -> int:
@@ -196,7 +192,7 @@ def test_fused_equals_unfused_left_padded(arch, unfused_path, rng):
     assert report.matched == _num_layers(model)
     want, got, mask = _run_both(cpu_session(str(path)), cpu_session(_proto(model)), rng, _vocab(model))
     assert (mask == 0).any(axis=1).tolist() == [False, True]  # row 1 really is left-padded
-    _assert_steps_equal(got, want)
+    _assert_steps_equal(got, want, mask, _pad_positions_too(report))
 
 
 def _hinamoe_claims_gqa() -> bool:
@@ -231,11 +227,11 @@ def test_fused_on_hinamoe_session(arch, unfused_path, rng, tmp_path):
     does not claim) equals the unfused export on the CPU EP. Where the EP
     claims GroupQueryAttention, the profile must show it ran there."""
     path = unfused_path(arch)
-    model, _ = _fused(path)
+    model, report = _fused(path)
     sess = hina_session(_proto(model), no_fallback=False, cpu_fallback_provider=True,
                         profile_prefix=str(tmp_path / "hina"))
-    want, got, _ = _run_both(cpu_session(str(path)), sess, rng, _vocab(model))
-    _assert_steps_equal(got, want)
+    want, got, mask = _run_both(cpu_session(str(path)), sess, rng, _vocab(model))
+    _assert_steps_equal(got, want, mask, _pad_positions_too(report))
     profile = sess.end_profiling()
     try:
         providers = profile_node_providers(profile)
@@ -318,8 +314,8 @@ def test_partial_match_left_unfused(mutate, unfused_path, rng, tmp_path):
     assert skip["where"] == "model.layers.0.self_attn"
     assert keyword in skip["reason"], skip["reason"]
     assert [n.op_type for n in fused.graph].count("GroupQueryAttention") == layers - 1
-    want, got, _ = _run_both(cpu_session(str(mutated)), cpu_session(_proto(fused)), rng, _vocab(fused))
-    _assert_steps_equal(got, want)
+    want, got, mask = _run_both(cpu_session(str(mutated)), cpu_session(_proto(fused)), rng, _vocab(fused))
+    _assert_steps_equal(got, want, mask, _pad_positions_too(report))
 
 
 def test_graph_without_kv_cache_is_untouched(rng):
