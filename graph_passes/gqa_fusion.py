@@ -47,6 +47,10 @@ Why this construction keeps left-padded batches exact:
   therefore never emitted; the rotary nodes are rebuilt in [B,S,heads,D]
   so no transposes remain.
 
+Limits: float32 attention only; a step with past context and S > 1 new
+tokens needs batch 1 on ONNX Runtime's CPU GroupQueryAttention (prefill and
+one-token decode, what generate() does, work for any batch).
+
 Anything that differs from the pattern (no rotary, a different repeat_kv,
 another mask form, an intermediate used elsewhere ...) leaves the layer
 unfused with the reason in the report.
@@ -268,8 +272,9 @@ def _match_layer(past_k: ir.Value, past_v: ir.Value, where: str) -> _Site:
         raise _NoMatch(f"{past_k.name}: needs a static [B, kv_heads, T, head_dim] shape, has {kdims}")
     if vdims is None or len(vdims) != 4 or vdims[1] != kdims[1] or vdims[3] != kdims[3]:
         raise _NoMatch(f"{past_v.name}: shape {vdims} differs from {past_k.name} {kdims}")
-    if past_k.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16) or past_v.dtype != past_k.dtype:
-        raise _NoMatch(f"{past_k.name}: dtype {past_k.dtype} is not float32/float16")
+    if past_k.dtype != ir.DataType.FLOAT or past_v.dtype != past_k.dtype:
+        # fp16 would need its own care (lowest + score overflows to -inf).
+        raise _NoMatch(f"{past_k.name}: dtype {past_k.dtype}; the pass fuses float32 attention only")
     nkv, d = kdims[1], kdims[3]
     if d % 2:
         raise _NoMatch(f"head_dim {d} is odd")
@@ -430,7 +435,7 @@ def _rotary(tape, b: _Builder, x, cos, sin, head_dim: int):
 
 
 def _fuse(graph: ir.Graph, b: _Builder, site: _Site) -> dict:
-    np_dtype = np.float32 if site.dtype == ir.DataType.FLOAT else np.float16
+    np_dtype = np.float32
     i64 = lambda *xs: np.array(xs, np.int64)  # noqa: E731
     tape = ir.tape.Tape()
     flat = b.const(i64(0, 0, -1), "bsd")
