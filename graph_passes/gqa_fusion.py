@@ -59,20 +59,18 @@ unfused with the reason in the report.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 
 import numpy as np
 import onnx_ir as ir
 
 from .report import PassReport
-from .shape_values import Dim, const_array, dims_of, evaluate
+from . import rotary
+from .match_helpers import (NoMatch, check_axis, check_transpose, float_scalar, ints,
+                            only_consumer, producer, scalar)
+from .shape_values import Dim, const_array, dims_of
 
 NAME = "gqa"
-
-
-class _NoMatch(Exception):
-    """The layer does not match the pattern; the message says where."""
 
 
 @dataclasses.dataclass
@@ -91,6 +89,8 @@ class _Site:
     present_v: ir.Value
     mask: ir.Value  # [B, 1, S, >= T] before the per-layer slice
     mask_kind: str  # "bool" (True = visible) or "additive" (0 / huge negative)
+    sinks: np.ndarray | None  # [N] per-head sink logits (gpt-oss) or None
+    rotary_form: str  # see rotary.py
     out: ir.Value  # attention output [B, S, N*D] (o_proj's input)
     num_heads: int
     kv_num_heads: int
@@ -99,165 +99,39 @@ class _Site:
     dtype: ir.DataType
 
 
-# ------------------------------------------------------------------ matching helpers
-
-
-def _producer(value: ir.Value | None, op_type: str, what: str) -> ir.Node:
-    node = value.producer() if value is not None else None
-    if node is None or node.op_type != op_type or node.domain not in ("", "ai.onnx"):
-        got = "a graph input or initializer" if node is None else node.op_type
-        raise _NoMatch(f"{what}: expected {op_type}, got {got}")
-    return node
-
-
-def _only_consumer(value: ir.Value, what: str, ignore_shape: bool = True) -> ir.Node:
-    """The one consumer of `value` (Shape readers aside, they only read dims)."""
-    users = {u.node for u in value.uses() if not (ignore_shape and u.node.op_type == "Shape")}
-    if len(users) != 1:
-        raise _NoMatch(f"{what}: expected one consumer, found {len(users)}")
-    return users.pop()
-
-
-def _scalar(value: ir.Value | None) -> float | None:
-    arr = const_array(value)
-    if arr is None or arr.size != 1:
-        return None
-    return float(arr.reshape(-1)[0])
-
-
-def _float_scalar(value: ir.Value | None, known: dict, depth: int = 0) -> float | None:
-    """A float scalar the graph computes from constants and static dims,
-    e.g. sqrt(1 / sqrt(head_dim)) built from Shape(q)."""
-    c = _scalar(value)
-    if c is not None or value is None or depth > 16:
-        return c
-    node = value.producer()
-    if node is None:
-        return None
-    if node.op_type == "Cast":
-        inner = evaluate(node.inputs[0], known)
-        if inner is not None and inner.ints() is not None and len(inner.items) == 1:
-            return float(inner.items[0])
-        return _float_scalar(node.inputs[0], known, depth + 1)
-    if node.op_type == "Sqrt":
-        x = _float_scalar(node.inputs[0], known, depth + 1)
-        return None if x is None or x < 0 else math.sqrt(x)
-    if node.op_type in ("Mul", "Div"):
-        a, b = (_float_scalar(v, known, depth + 1) for v in node.inputs)
-        if a is None or b is None or (node.op_type == "Div" and b == 0):
-            return None
-        return a * b if node.op_type == "Mul" else a / b
-    return None
-
-
-def _check_transpose(node: ir.Node, perm: list[int], what: str) -> None:
-    got = node.attributes.get_ints("perm")
-    if got is None or list(got) != perm:
-        raise _NoMatch(f"{what}: Transpose perm {got}, expected {perm}")
-
-
-def _check_axis(value, rank: int, axis: int, what: str) -> None:
-    if value is None or value % rank != axis % rank:
-        raise _NoMatch(f"{what}: axis {value}, expected {axis}")
-
-
-def _ints(value: ir.Value | None, known: dict, what: str) -> list:
-    expr = evaluate(value, known)
-    if expr is None:
-        raise _NoMatch(f"{what}: cannot evaluate the shape expression")
-    return list(expr.items)
-
-
-def _match_rotary(value: ir.Value, head_dim: int, heads: int, what: str):
-    """value = Add(Mul(x, cos_u), Mul(Concat(Neg(x[h:]), x[:h]), sin_u)),
-    cos_u/sin_u = Unsqueeze(cos/sin, axis 1), x = Transpose(0,2,1,3)(X).
-    Returns (X, cos, sin)."""
-    add = _producer(value, "Add", f"{what} rotary (x*cos + rotate_half(x)*sin)")
-    muls = [_producer(v, "Mul", f"{what} rotary term") for v in add.inputs]
-    rot_mul = x_mul = None
-    for m in muls:
-        for i in (0, 1):
-            p = m.inputs[i].producer()
-            if p is not None and p.op_type == "Concat":
-                rot_mul, rot_in, sin_u = m, m.inputs[i], m.inputs[1 - i]
-    if rot_mul is None:
-        raise _NoMatch(f"{what} rotary: no rotate_half (Concat) term")
-    x_mul = muls[1] if rot_mul is muls[0] else muls[0]
-    concat = rot_in.producer()
-    _check_axis(concat.attributes.get_int("axis"), 4, 3, f"{what} rotate_half Concat")
-    if len(concat.inputs) != 2:
-        raise _NoMatch(f"{what} rotate_half: Concat of {len(concat.inputs)} parts")
-    neg = _producer(concat.inputs[0], "Neg", f"{what} rotate_half first half")
-    upper = _producer(neg.inputs[0], "Slice", f"{what} rotate_half upper slice")
-    lower = _producer(concat.inputs[1], "Slice", f"{what} rotate_half lower slice")
-    x = upper.inputs[0]
-    if lower.inputs[0] is not x:
-        raise _NoMatch(f"{what} rotate_half: the two halves slice different tensors")
-    if x not in x_mul.inputs:
-        raise _NoMatch(f"{what} rotary: x*cos and rotate_half(x) read different tensors")
-    cos_u = x_mul.inputs[1] if x_mul.inputs[0] is x else x_mul.inputs[0]
-    transpose = _producer(x, "Transpose", f"{what} before rotary")
-    _check_transpose(transpose, [0, 2, 1, 3], f"{what} to BNSH")
-    big = transpose.inputs[0]
-    known = {x: [Dim("B", 0), heads, Dim("S", 0), head_dim]}
-    half = head_dim // 2
-    for sl, (lo, hi_min) in ((lower, (0, half)), (upper, (half, head_dim))):
-        ins = list(sl.inputs) + [None] * (5 - len(sl.inputs))
-        starts = _ints(ins[1], known, f"{what} rotate_half slice start")
-        ends = _ints(ins[2], known, f"{what} rotate_half slice end")
-        axes = _ints(ins[3], known, f"{what} rotate_half slice axes") if ins[3] is not None else [0]
-        steps = _ints(ins[4], known, f"{what} rotate_half slice steps") if ins[4] is not None else [1]
-        ok = (len(starts) == 1 and starts[0] == lo and isinstance(ends[0], int)
-              and (ends[0] == hi_min if lo == 0 else ends[0] >= hi_min)
-              and axes[0] in (3, -1) and steps == [1])
-        if not ok:
-            raise _NoMatch(f"{what} rotate_half: slice [{starts}:{ends}] on axes {axes} "
-                           f"is not the half {lo}:{hi_min} of head_dim {head_dim}")
-    cos = _unsqueezed(cos_u, 1, f"{what} cos")
-    sin = _unsqueezed(sin_u, 1, f"{what} sin")
-    return big, cos, sin
-
-
-def _unsqueezed(value: ir.Value, axis: int, what: str) -> ir.Value:
-    node = _producer(value, "Unsqueeze", what)
-    if _ints(node.inputs[1], {}, f"{what} Unsqueeze axes") != [axis]:
-        raise _NoMatch(f"{what}: Unsqueeze on another axis than {axis}")
-    return node.inputs[0]
-
-
 def _match_repeat_kv(present: ir.Value, kv_heads: int, head_dim: int, what: str):
     """present -> Unsqueeze(2) -> Expand([.., .., n_rep, .., ..]) -> Reshape
     [B, Nkv*n_rep, T, D]. Returns (repeated value, n_rep)."""
-    unsq = _only_consumer(present, f"{what} cache")
-    if unsq.op_type != "Unsqueeze" or _ints(unsq.inputs[1], {}, f"{what} repeat_kv axes") != [2]:
-        raise _NoMatch(f"{what} repeat_kv: expected Unsqueeze(axis 2), got {unsq.op_type}")
-    expand = _only_consumer(unsq.outputs[0], f"{what} repeat_kv")
+    unsq = only_consumer(present, f"{what} cache")
+    if unsq.op_type != "Unsqueeze" or ints(unsq.inputs[1], {}, f"{what} repeat_kv axes") != [2]:
+        raise NoMatch(f"{what} repeat_kv: expected Unsqueeze(axis 2), got {unsq.op_type}")
+    expand = only_consumer(unsq.outputs[0], f"{what} repeat_kv")
     if expand.op_type != "Expand":
-        raise _NoMatch(f"{what} repeat_kv: expected Expand, got {expand.op_type}")
-    target = _ints(expand.inputs[1], {}, f"{what} repeat_kv Expand shape")
+        raise NoMatch(f"{what} repeat_kv: expected Expand, got {expand.op_type}")
+    target = ints(expand.inputs[1], {}, f"{what} repeat_kv Expand shape")
     if len(target) != 5 or not isinstance(target[2], int) or target[2] < 1:
-        raise _NoMatch(f"{what} repeat_kv: Expand shape {target} has no repeat count")
+        raise NoMatch(f"{what} repeat_kv: Expand shape {target} has no repeat count")
     if target[1] != kv_heads or target[4] != head_dim:
-        raise _NoMatch(f"{what} repeat_kv: Expand shape {target} is not [B, {kv_heads}, n_rep, T, {head_dim}]")
+        raise NoMatch(f"{what} repeat_kv: Expand shape {target} is not [B, {kv_heads}, n_rep, T, {head_dim}]")
     n_rep = target[2]
-    reshape = _only_consumer(expand.outputs[0], f"{what} repeat_kv")
+    reshape = only_consumer(expand.outputs[0], f"{what} repeat_kv")
     if reshape.op_type != "Reshape":
-        raise _NoMatch(f"{what} repeat_kv: expected Reshape, got {reshape.op_type}")
-    shape = _ints(reshape.inputs[1], {}, f"{what} repeat_kv Reshape shape")
+        raise NoMatch(f"{what} repeat_kv: expected Reshape, got {reshape.op_type}")
+    shape = ints(reshape.inputs[1], {}, f"{what} repeat_kv Reshape shape")
     pdims = dims_of(present) or []
     if (len(shape) != 4 or shape[1] != kv_heads * n_rep or shape[3] not in (head_dim, -1)
             or (len(pdims) == 4 and (shape[0] != pdims[0] or shape[2] != pdims[2]))):
-        raise _NoMatch(f"{what} repeat_kv: Reshape to {shape}, expected [B, {kv_heads * n_rep}, T, {head_dim}]")
+        raise NoMatch(f"{what} repeat_kv: Reshape to {shape}, expected [B, {kv_heads * n_rep}, T, {head_dim}]")
     return reshape.outputs[0], n_rep
 
 
 def _match_cache(past: ir.Value, what: str) -> ir.Node:
-    concat = _only_consumer(past, f"{what} past")
+    concat = only_consumer(past, f"{what} past")
     if concat.op_type != "Concat" or len(concat.inputs) != 2 or concat.inputs[0] is not past:
-        raise _NoMatch(f"{what}: past is not the first input of a 2-way Concat")
-    _check_axis(concat.attributes.get_int("axis"), 4, 2, f"{what} cache Concat")
+        raise NoMatch(f"{what}: past is not the first input of a 2-way Concat")
+    check_axis(concat.attributes.get_int("axis"), 4, 2, f"{what} cache Concat")
     if not concat.outputs[0].is_graph_output():
-        raise _NoMatch(f"{what}: the cache Concat is not a graph output")
+        raise NoMatch(f"{what}: the cache Concat is not a graph output")
     return concat
 
 
@@ -269,15 +143,15 @@ def _layer_name(node: ir.Node, fallback: str) -> str:
 def _match_layer(past_k: ir.Value, past_v: ir.Value, where: str) -> _Site:
     kdims, vdims = dims_of(past_k), dims_of(past_v)
     if kdims is None or len(kdims) != 4 or not isinstance(kdims[1], int) or not isinstance(kdims[3], int):
-        raise _NoMatch(f"{past_k.name}: needs a static [B, kv_heads, T, head_dim] shape, has {kdims}")
+        raise NoMatch(f"{past_k.name}: needs a static [B, kv_heads, T, head_dim] shape, has {kdims}")
     if vdims is None or len(vdims) != 4 or vdims[1] != kdims[1] or vdims[3] != kdims[3]:
-        raise _NoMatch(f"{past_v.name}: shape {vdims} differs from {past_k.name} {kdims}")
+        raise NoMatch(f"{past_v.name}: shape {vdims} differs from {past_k.name} {kdims}")
     if past_k.dtype != ir.DataType.FLOAT or past_v.dtype != past_k.dtype:
         # fp16 would need its own care (lowest + score overflows to -inf).
-        raise _NoMatch(f"{past_k.name}: dtype {past_k.dtype}; the pass fuses float32 attention only")
+        raise NoMatch(f"{past_k.name}: dtype {past_k.dtype}; the pass fuses float32 attention only")
     nkv, d = kdims[1], kdims[3]
     if d % 2:
-        raise _NoMatch(f"head_dim {d} is odd")
+        raise NoMatch(f"head_dim {d} is odd")
 
     k_cat = _match_cache(past_k, "key")
     v_cat = _match_cache(past_v, "value")
@@ -286,24 +160,24 @@ def _match_layer(past_k: ir.Value, past_v: ir.Value, where: str) -> _Site:
     k_rep, n_rep = _match_repeat_kv(present_k, nkv, d, "key")
     v_rep, n_rep_v = _match_repeat_kv(present_v, nkv, d, "value")
     if n_rep != n_rep_v:
-        raise _NoMatch(f"repeat_kv: keys repeated {n_rep}x, values {n_rep_v}x")
+        raise NoMatch(f"repeat_kv: keys repeated {n_rep}x, values {n_rep_v}x")
     n = nkv * n_rep
 
     # Scores: MatMul(q [* c], Transpose(K_rep) [* c]) [* c | / c]. The
     # constants may be computed from the head dim (Shape of q), so they are
     # evaluated once q and K^T are known.
-    kt = _only_consumer(k_rep, "repeated key")
+    kt = only_consumer(k_rep, "repeated key")
     if kt.op_type != "Transpose":
-        raise _NoMatch(f"repeated key: expected Transpose to K^T, got {kt.op_type}")
-    _check_transpose(kt, [0, 1, 3, 2], "K^T")
+        raise NoMatch(f"repeated key: expected Transpose to K^T, got {kt.op_type}")
+    check_transpose(kt, [0, 1, 3, 2], "K^T")
     k_side = k_scaled = kt.outputs[0]
-    node = _only_consumer(k_side, "K^T")
+    node = only_consumer(k_side, "K^T")
     k_mul = None
     if node.op_type == "Mul":
         k_mul, k_scaled = node, node.outputs[0]
-        node = _only_consumer(k_scaled, "scaled K^T")
+        node = only_consumer(k_scaled, "scaled K^T")
     if node.op_type != "MatMul" or node.inputs[1] is not k_scaled:
-        raise _NoMatch(f"K^T: expected MatMul(q, K^T), got {node.op_type}")
+        raise NoMatch(f"K^T: expected MatMul(q, K^T), got {node.op_type}")
     qk = node
     q_side = qk.inputs[0]
     q_mul = q_side.producer()
@@ -316,87 +190,136 @@ def _match_layer(past_k: ir.Value, past_v: ir.Value, where: str) -> _Site:
     for mul, base, what in ((q_mul, q_side, "q"), (k_mul, k_side, "K^T")):
         if mul is None:
             continue
-        c = _float_scalar(mul.inputs[1] if mul.inputs[0] is base else mul.inputs[0], qk_dims)
+        c = float_scalar(mul.inputs[1] if mul.inputs[0] is base else mul.inputs[0], qk_dims)
         if c is None:
-            raise _NoMatch(f"{what} is multiplied by a non-constant")
+            raise NoMatch(f"{what} is multiplied by a non-constant")
         scale *= c
     scores = qk.outputs[0]
-    node = _only_consumer(scores, "scores")
+    node = only_consumer(scores, "scores")
     if node.op_type in ("Mul", "Div"):
-        c = _float_scalar(node.inputs[1], qk_dims)
+        c = float_scalar(node.inputs[1], qk_dims)
         if c is None or node.inputs[0] is not scores:
-            raise _NoMatch(f"scores: {node.op_type} by a non-constant")
+            raise NoMatch(f"scores: {node.op_type} by a non-constant")
         scale = scale * c if node.op_type == "Mul" else scale / c
         scores = node.outputs[0]
-        node = _only_consumer(scores, "scaled scores")
+        node = only_consumer(scores, "scaled scores")
 
     # Mask: Add(scores, Where(Slice(bool mask), 0, -inf)) or, from older
     # mask code, Add(scores, Slice(float mask)) holding 0 / a huge negative.
     if node.op_type != "Add":
-        raise _NoMatch(f"scores: expected Add(mask), got {node.op_type}")
+        raise NoMatch(f"scores: expected Add(mask), got {node.op_type}")
     bias = node.inputs[1] if node.inputs[0] is scores else node.inputs[0]
     fill = bias.producer()
     if fill is not None and fill.op_type == "Where":
-        if _scalar(fill.inputs[1]) != 0.0 or _scalar(fill.inputs[2]) != float("-inf"):
-            raise _NoMatch("attention mask: Where(mask, a, b) with (a, b) != (0, -inf)")
+        if scalar(fill.inputs[1]) != 0.0 or scalar(fill.inputs[2]) != float("-inf"):
+            raise NoMatch("attention mask: Where(mask, a, b) with (a, b) != (0, -inf)")
         mask_kind, sliced = "bool", fill.inputs[0]
     else:
         mask_kind, sliced = "additive", bias
-    sl = _producer(sliced, "Slice", f"{mask_kind} attention mask")
+    sl = producer(sliced, "Slice", f"{mask_kind} attention mask")
     sl_ins = list(sl.inputs) + [None] * (5 - len(sl.inputs))
-    if (_ints(sl_ins[1], {}, "mask slice start") != [0]
-            or (sl_ins[3] is not None and _ints(sl_ins[3], {}, "mask slice axes")[0] not in (3, -1))
-            or (sl_ins[4] is not None and _ints(sl_ins[4], {}, "mask slice steps") != [1])):
-        raise _NoMatch(f"{mask_kind} attention mask: not sliced [0:T] on the key axis")
+    if (ints(sl_ins[1], {}, "mask slice start") != [0]
+            or (sl_ins[3] is not None and ints(sl_ins[3], {}, "mask slice axes")[0] not in (3, -1))
+            or (sl_ins[4] is not None and ints(sl_ins[4], {}, "mask slice steps") != [1])):
+        raise NoMatch(f"{mask_kind} attention mask: not sliced [0:T] on the key axis")
     mask = sl.inputs[0]
 
-    soft = _only_consumer(node.outputs[0], "masked scores")
+    soft = only_consumer(node.outputs[0], "masked scores")
+    sinks = None
+    if soft.op_type == "Concat":
+        sinks, soft = _match_sinks(soft, node.outputs[0], n)
     if soft.op_type != "Softmax":
-        raise _NoMatch(f"masked scores: expected Softmax, got {soft.op_type}")
-    _check_axis(soft.attributes.get_int("axis", -1), 4, 3, "Softmax")
+        raise NoMatch(f"masked scores: expected Softmax, got {soft.op_type}")
+    check_axis(soft.attributes.get_int("axis", -1), 4, 3, "Softmax")
     probs = soft.outputs[0]
+    if sinks is not None:
+        probs = _drop_sink_column(probs)
     users = {u.node for u in probs.uses()}
     isnan = [u for u in users if u.op_type == "IsNaN"]
     if isnan:
         # Where(IsNaN(p), 0, p): a row with no visible key gives 0.
-        wh = _only_consumer(isnan[0].outputs[0], "IsNaN")
-        if (wh.op_type != "Where" or wh.inputs[2] is not probs or _scalar(wh.inputs[1]) != 0.0
+        wh = only_consumer(isnan[0].outputs[0], "IsNaN")
+        if (wh.op_type != "Where" or wh.inputs[2] is not probs or scalar(wh.inputs[1]) != 0.0
                 or len(users) != 2 or wh not in users):
-            raise _NoMatch("softmax: IsNaN guard is not Where(IsNaN(p), 0, p)")
+            raise NoMatch("softmax: IsNaN guard is not Where(IsNaN(p), 0, p)")
         probs = wh.outputs[0]
-    pv = _only_consumer(probs, "probabilities")
+    pv = only_consumer(probs, "probabilities")
     if pv.op_type != "MatMul" or pv.inputs[0] is not probs or pv.inputs[1] is not v_rep:
-        raise _NoMatch(f"probabilities: expected MatMul(p, repeated V), got {pv.op_type}")
-    tr = _only_consumer(pv.outputs[0], "attention BNSH")
+        raise NoMatch(f"probabilities: expected MatMul(p, repeated V), got {pv.op_type}")
+    tr = only_consumer(pv.outputs[0], "attention BNSH")
     if tr.op_type != "Transpose":
-        raise _NoMatch(f"attention output: expected Transpose, got {tr.op_type}")
-    _check_transpose(tr, [0, 2, 1, 3], "attention output to BSNH")
-    rs = _only_consumer(tr.outputs[0], "attention BSNH")
+        raise NoMatch(f"attention output: expected Transpose, got {tr.op_type}")
+    check_transpose(tr, [0, 2, 1, 3], "attention output to BSNH")
+    rs = only_consumer(tr.outputs[0], "attention BSNH")
     if rs.op_type != "Reshape":
-        raise _NoMatch(f"attention output: expected Reshape to [B, S, N*D], got {rs.op_type}")
-    target = _ints(rs.inputs[1], {}, "attention output Reshape shape")
+        raise NoMatch(f"attention output: expected Reshape to [B, S, N*D], got {rs.op_type}")
+    target = ints(rs.inputs[1], {}, "attention output Reshape shape")
     if len(target) != 3 or target[2] not in (-1, n * d):
-        raise _NoMatch(f"attention output: Reshape to {target}, expected [B, S, {n * d}]")
+        raise NoMatch(f"attention output: Reshape to {target}, expected [B, S, {n * d}]")
 
     # Rotary on q and on the new keys; values go in unrotated.
-    x_q, cos_q, sin_q = _match_rotary(q_side, d, n, "query")
-    x_k, cos_k, sin_k = _match_rotary(k_cat.inputs[1], d, nkv, "key")
-    if cos_q is not cos_k or sin_q is not sin_k:
-        raise _NoMatch("rotary: query and key use different cos/sin")
-    v_tr = _producer(v_cat.inputs[1], "Transpose", "new values")
-    _check_transpose(v_tr, [0, 2, 1, 3], "values to BNSH")
+    rot_q = rotary.match(q_side, d, n, "query")
+    rot_k = rotary.match(k_cat.inputs[1], d, nkv, "key")
+    if rot_q.cos is not rot_k.cos or rot_q.sin is not rot_k.sin or rot_q.form != rot_k.form:
+        raise NoMatch("rotary: query and key use different cos/sin or forms")
+    v_tr = producer(v_cat.inputs[1], "Transpose", "new values")
+    check_transpose(v_tr, [0, 2, 1, 3], "values to BNSH")
 
     # The fused graph no longer computes the rotated BNSH q/k; anything else
     # reading them would be left dangling on the unfused path.
     for val, what in ((q_side, "rotated query"), (k_cat.inputs[1], "rotated key")):
         extra = {u.node.op_type for u in val.uses()} - {"MatMul", "Concat", "Mul", "Shape"}
         if extra:
-            raise _NoMatch(f"{what} is also read by {sorted(extra)}")
+            raise NoMatch(f"{what} is also read by {sorted(extra)}")
 
-    return _Site(where=where, x_q=x_q, x_k=x_k, x_v=v_tr.inputs[0], cos=cos_q, sin=sin_q,
-                 past_k=past_k, past_v=past_v, present_k=present_k, present_v=present_v,
-                 mask=mask, mask_kind=mask_kind, out=rs.outputs[0], num_heads=n, kv_num_heads=nkv, head_dim=d,
-                 scale=scale, dtype=past_k.dtype)
+    return _Site(where=where, x_q=rot_q.x, x_k=rot_k.x, x_v=v_tr.inputs[0], cos=rot_q.cos, sin=rot_q.sin,
+                 rotary_form=rot_q.form, past_k=past_k, past_v=past_v, present_k=present_k,
+                 present_v=present_v, mask=mask, mask_kind=mask_kind, sinks=sinks, out=rs.outputs[0],
+                 num_heads=n, kv_num_heads=nkv, head_dim=d, scale=scale, dtype=past_k.dtype)
+
+
+def _match_sinks(concat: ir.Node, masked: ir.Value, heads: int):
+    """gpt-oss: Concat(masked scores, Expand(sinks [1, N, 1, 1])) on the key
+    axis, optionally minus its row max, into Softmax. Returns (sinks [N],
+    the Softmax node)."""
+    check_axis(concat.attributes.get_int("axis"), 4, 3, "attention sinks Concat")
+    if len(concat.inputs) != 2 or concat.inputs[0] is not masked:
+        raise NoMatch("masked scores: Concat that is not (scores, sinks)")
+    expand = producer(concat.inputs[1], "Expand", "attention sinks")
+    sinks = const_array(expand.inputs[0])
+    if sinks is None or sinks.size != heads or sinks.shape not in ((1, heads, 1, 1), (heads, 1, 1)):
+        raise NoMatch(f"attention sinks: not a constant of {heads} per-head logits")
+    joined = concat.outputs[0]
+    users = {u.node for u in joined.uses() if u.node.op_type != "Shape"}
+    sub = next((u for u in users if u.op_type == "Sub"), None)
+    if sub is not None:
+        # x - max(x) before Softmax changes nothing but rounding.
+        rmax = sub.inputs[1].producer()
+        if (sub.inputs[0] is not joined or rmax is None or rmax.op_type != "ReduceMax"
+                or rmax.inputs[0] is not joined or users != {sub, rmax}
+                or rmax.attributes.get_int("keepdims", 1) != 1
+                or ints(rmax.inputs[1], {}, "sinks ReduceMax axes")[0] not in (3, -1)):
+            raise NoMatch("attention sinks: not Softmax(x - ReduceMax(x)) over the keys")
+        joined = sub.outputs[0]
+    soft = only_consumer(joined, "scores with sinks")
+    return sinks.reshape(heads).astype(np.float32), soft
+
+
+def _drop_sink_column(probs: ir.Value) -> ir.Value:
+    """[Cast to float ->] Slice(p, 0, -1) on the key axis: the sink's share
+    leaves the denominator only."""
+    node = only_consumer(probs, "probabilities with sinks")
+    if node.op_type == "Cast" and node.attributes.get_int("to") == ir.DataType.FLOAT:
+        probs = node.outputs[0]
+        node = only_consumer(probs, "probabilities with sinks")
+    if node.op_type != "Slice":
+        raise NoMatch(f"probabilities with sinks: expected Slice dropping the sink, got {node.op_type}")
+    arg = list(node.inputs) + [None] * (5 - len(node.inputs))
+    if (ints(arg[1], {}, "sink slice start") != [0] or ints(arg[2], {}, "sink slice end") != [-1]
+            or arg[3] is None or ints(arg[3], {}, "sink slice axes")[0] not in (3, -1)
+            or (arg[4] is not None and ints(arg[4], {}, "sink slice steps") != [1])):
+        raise NoMatch("probabilities with sinks: the Slice does not drop exactly the sink column")
+    return node.outputs[0]
 
 
 # ------------------------------------------------------------------ rewriting
@@ -425,15 +348,6 @@ class _Builder:
         return self.bsnh[src]
 
 
-def _rotary(tape, b: _Builder, x, cos, sin, head_dim: int):
-    """x*cos + rotate_half(x)*sin on [B, S, heads, D]: the exported ops, in
-    the same order, so the results are bit-identical."""
-    half = b.const(np.array([head_dim // 2, head_dim // 2], np.int64), "halves")
-    lo, hi = tape.op_multi_out("Split", [x, half], {"axis": -1}, num_outputs=2)
-    rotated = tape.op("Concat", [tape.op("Neg", [hi]), lo], {"axis": -1})
-    return tape.op("Add", [tape.op("Mul", [x, cos]), tape.op("Mul", [rotated, sin])])
-
-
 def _fuse(graph: ir.Graph, b: _Builder, site: _Site) -> dict:
     np_dtype = np.float32
     i64 = lambda *xs: np.array(xs, np.int64)  # noqa: E731
@@ -441,8 +355,9 @@ def _fuse(graph: ir.Graph, b: _Builder, site: _Site) -> dict:
     flat = b.const(i64(0, 0, -1), "bsd")
     cos = b.cos_sin_bsnh(tape, site.cos)
     sin = b.cos_sin_bsnh(tape, site.sin)
-    q = tape.op("Reshape", [_rotary(tape, b, site.x_q, cos, sin, site.head_dim), flat])
-    k = tape.op("Reshape", [_rotary(tape, b, site.x_k, cos, sin, site.head_dim), flat])
+    halves = b.const(rotary.halves_constant(site.head_dim), "halves")
+    q = tape.op("Reshape", [rotary.build(tape, halves, site.x_q, cos, sin, site.rotary_form), flat])
+    k = tape.op("Reshape", [rotary.build(tape, halves, site.x_k, cos, sin, site.rotary_form), flat])
     v = tape.op("Reshape", [site.x_v, flat])
 
     # Lengths: every row holds past + S keys (padding is in the mask).
@@ -469,7 +384,8 @@ def _fuse(graph: ir.Graph, b: _Builder, site: _Site) -> dict:
 
     attn, present_k, present_v = tape.op_multi_out(
         "GroupQueryAttention",
-        [q, k, v, site.past_k, site.past_v, seqlens, total_i32, None, None, None, bias],
+        [q, k, v, site.past_k, site.past_v, seqlens, total_i32, None, None, None, bias,
+         None if site.sinks is None else b.const(site.sinks, "head_sink")],
         {"num_heads": site.num_heads, "kv_num_heads": site.kv_num_heads, "scale": float(site.scale),
          "do_rotary": 0},
         domain="com.microsoft", num_outputs=3, name=f"{site.where}/GroupQueryAttention")
@@ -486,7 +402,8 @@ def _fuse(graph: ir.Graph, b: _Builder, site: _Site) -> dict:
         new.name, new.type, new.shape = name, old.type, old.shape
     removed = _remove_dead(graph, dead_roots)
     return {"layer": site.where, "num_heads": site.num_heads, "kv_num_heads": site.kv_num_heads,
-            "head_dim": site.head_dim, "mask": site.mask_kind, "nodes_removed": removed,
+            "head_dim": site.head_dim, "mask": site.mask_kind, "rotary": site.rotary_form,
+            "sinks": site.sinks is not None, "nodes_removed": removed,
             "nodes_added": len(tape.nodes)}
 
 
@@ -536,7 +453,7 @@ def apply(model: ir.Model, **options) -> PassReport:
             where = _layer_name(concat, where)
         try:
             site = _match_layer(past_k, past_v, where)
-        except _NoMatch as e:
+        except NoMatch as e:
             report.skipped.append({"where": where, "reason": str(e)})
             continue
         report.fused.append(_fuse(graph, builder, site))

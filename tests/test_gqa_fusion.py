@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 from conftest import cpu_session, hina_session, profile_node_providers
 from hinamoe.graph_passes import gqa_fusion, run_passes
 
-ARCHS = ["qwen3_moe", "mixtral", "qwen2_moe"]
+ARCHS = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss"]
 DECODE_STEPS = 3
 # fp32: the fused attention sums in another order than MatMul/Softmax/MatMul.
 RTOL, ATOL = 2e-5, 2e-5
@@ -139,7 +139,9 @@ def _assert_steps_equal(got, want, mask, pad_positions_too: bool):
 
 
 def _pad_positions_too(report) -> bool:
-    return all(site["mask"] == "bool" for site in report.fused)
+    """Pad queries are zero rows in both graphs with a boolean mask, and with
+    attention sinks (the sink takes all the weight when no key is visible)."""
+    return all(site["mask"] == "bool" or site["sinks"] for site in report.fused)
 
 
 def _vocab(model: ir.Model) -> int:
@@ -294,13 +296,24 @@ def _mutate_mask_fill(model: ir.Model) -> str:
     return "mask"
 
 
-@pytest.mark.parametrize("mutate", [_mutate_drop_key_rotary, _mutate_repeat_kv, _mutate_mask_fill],
-                         ids=["no_key_rotary", "repeat_kv", "mask_fill"])
-def test_partial_match_left_unfused(mutate, unfused_path, rng, tmp_path):
+def _mutate_chunk_rotary(model: ir.Model) -> str:
+    """gpt-oss's chunked rotary with x2*cos where x2*sin belongs."""
+    k_cat = _layer0_attention(model)["k_cat"]
+    sub = k_cat.inputs[1].producer().inputs[0].producer()  # x1*cos - x2*sin
+    x1_cos, x2_sin = (v.producer() for v in sub.inputs)
+    cos_u = next(v for v in x1_cos.inputs if v.producer().op_type == "Unsqueeze")
+    idx = next(i for i, v in enumerate(x2_sin.inputs) if v.producer().op_type == "Unsqueeze")
+    x2_sin.replace_input_with(idx, cos_u)
+    return "rotary"
+
+
+@pytest.mark.parametrize("arch,mutate", [("qwen3_moe", _mutate_drop_key_rotary), ("qwen3_moe", _mutate_repeat_kv),
+                                         ("qwen3_moe", _mutate_mask_fill), ("gpt_oss", _mutate_chunk_rotary)],
+                         ids=["no_key_rotary", "repeat_kv", "mask_fill", "chunk_rotary"])
+def test_partial_match_left_unfused(arch, mutate, unfused_path, rng, tmp_path):
     """Layer 0's attention mutated: the pass leaves it unfused and says why,
     fuses the other layers, and the result still equals the mutated unfused
     graph on the CPU EP (no half-rewritten layer)."""
-    arch = "qwen3_moe"
     model = ir.load(str(unfused_path(arch)))
     keyword = mutate(model)
     mutated = tmp_path / "mutated.onnx"
