@@ -10,14 +10,17 @@ heads)::
     repeat_kv       = Unsqueeze(2) -> Expand(n_rep) -> Reshape [B,N,T,D]
     scores = MatMul(q*c, K^T*c) + Where(mask, 0, -inf) -> Softmax
              -> Where(IsNaN, 0, .) -> MatMul(V) -> Transpose -> Reshape [B,S,N*D]
-    (c may be computed from Shape(q); the mask may be an additive float one)
+    (c may be computed from Shape(q); the mask may be an additive float one;
+    gpt-oss rotates in the chunked form of rotary.py and adds a per-head sink
+    logit to the softmax: Concat(scores, sinks) -> Softmax -> Slice(0:-1))
 
 What it becomes::
 
     rotary on X_q / X_k in [B,S,heads,D] (the same elementwise ops, so the
         same bits) -> Reshape [B,S,heads*D]
     GroupQueryAttention(q, k, v, past_key, past_value, seqlens_k,
-        total_sequence_length, attention_bias = Where(mask, 0, lowest))
+        total_sequence_length, attention_bias = Where(mask, 0, lowest)
+        [, head_sink = sinks])
         -> present.i.key / present.i.value (same names, same BNSH layout,
            length past + S like the Concat)
     output * (row has a visible key)   (the unfused graph's NaN -> 0)
@@ -64,10 +67,10 @@ import re
 import numpy as np
 import onnx_ir as ir
 
-from .report import PassReport
 from . import rotary
 from .match_helpers import (NoMatch, check_axis, check_transpose, float_scalar, ints,
                             only_consumer, producer, scalar)
+from .report import PassReport
 from .shape_values import Dim, const_array, dims_of
 
 NAME = "gqa"
@@ -219,7 +222,7 @@ def _match_layer(past_k: ir.Value, past_v: ir.Value, where: str) -> _Site:
     sl = producer(sliced, "Slice", f"{mask_kind} attention mask")
     sl_ins = list(sl.inputs) + [None] * (5 - len(sl.inputs))
     if (ints(sl_ins[1], {}, "mask slice start") != [0]
-            or (sl_ins[3] is not None and ints(sl_ins[3], {}, "mask slice axes")[0] not in (3, -1))
+            or sl_ins[3] is None or ints(sl_ins[3], {}, "mask slice axes") not in ([3], [-1])
             or (sl_ins[4] is not None and ints(sl_ins[4], {}, "mask slice steps") != [1])):
         raise NoMatch(f"{mask_kind} attention mask: not sliced [0:T] on the key axis")
     mask = sl.inputs[0]
