@@ -390,3 +390,33 @@ def test_cpu_gqa_first_prompt_ignores_position_ids(rng):
 
     np.testing.assert_allclose(present_k, rotate(np.tile(np.arange(S), (B, 1))), atol=1e-5)
     assert np.abs(present_k - rotate(pos)).max() > 0.1
+
+
+# ------------------------------------------------------------------ the generate loop
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generate_with_fused_attention_matches_pytorch(arch, tmp_path, rng):
+    """hina-export with the GQA pass, loaded as optimum's ORTModelForCausalLM:
+    greedy generation of 8 tokens for a left-padded batch of 2 is the
+    PyTorch checkpoint's, token for token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hinamoe.export import load_causal_lm
+    from hinamoe.export.export import export
+    from hinamoe.models import hf_tiny
+
+    ckpt = hf_tiny.build(arch, tmp_path / "hf")
+    _, report = export(ckpt, tmp_path / "out", progress=False, fuse_graph=True)
+    gqa = next(p for p in report.passes if p.name == gqa_fusion.NAME)
+    assert gqa.matched == 2 and not gqa.skipped, gqa
+    ids, mask = _left_padded(rng, hf_tiny.BOS, lengths=(7, 3))
+    ids[mask == 0] = hf_tiny.PAD
+    ids, mask = torch.from_numpy(ids), torch.from_numpy(mask)
+    want = AutoModelForCausalLM.from_pretrained(ckpt).eval().generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+    got = load_causal_lm(tmp_path / "out", providers=["CPUExecutionProvider"]).generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+    assert torch.equal(got, want), (got, want)
