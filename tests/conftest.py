@@ -175,3 +175,16 @@ def error_text(exc: BaseException) -> str:
         parts.append(str(exc))
         exc = exc.__cause__ or exc.__context__
     return " <- ".join(parts)
+
+
+# ------------------------------------------------------------ exports
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tmp_path_factory):
+    """Tiny HF checkpoints and their ONNX exports, built once per session:
+    ``tiny_export("mixtral").model`` (unfused), ``tiny_export.fused("qwen3_moe")``,
+    ``.checkpoint`` (HF folder), ``.torch_model()``. See export_fixtures.py."""
+    from export_fixtures import TinyExports
+
+    return TinyExports(tmp_path_factory.mktemp("tiny_exports"), seed=seed_for("tiny_exports"))

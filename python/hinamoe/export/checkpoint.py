@@ -17,6 +17,10 @@ SUPPORTED = {
 }
 
 
+# What transformers' from_pretrained loads weights from.
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+
+
 class ExportError(ValueError):
     """A checkpoint or option hina-export cannot handle; the message says why."""
 
@@ -56,4 +60,7 @@ def check_checkpoint(model_dir: str | Path) -> Checkpoint:
             f"unsupported architecture {model_type!r} in {config_file}"
             f" (architectures: {config.get('architectures')}); hina-export supports the MoE"
             f" architectures {supported_list()}")
+    if not any(any(path.glob(pattern)) for pattern in WEIGHT_FILES):
+        raise ExportError(f"{str(path)!r} has a config.json but no weights"
+                          f" ({', '.join(WEIGHT_FILES)}): not a checkpoint folder")
     return Checkpoint(path, model_type, config)

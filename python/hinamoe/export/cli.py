@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 DESCRIPTION = """\
 Export a HuggingFace MoE checkpoint to an ONNX model for HinaMoE.
@@ -38,12 +39,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--validate", action="store_true",
                    help="let optimum compare the unfused export with PyTorch (slow)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the tracer's warnings (hidden by default: they are about code"
+                        " paths the export handles, e.g. the all-experts loop)")
 
 
 def run(args) -> int:
     from .checkpoint import ExportError
     from .export import REPORT_FILE, export
 
+    if not args.verbose:
+        warnings.simplefilter("ignore")
     try:
         path, report = export(args.model_dir, args.output_dir, dtype=args.dtype,
                               fuse_graph=not args.no_fuse, opset=args.opset, validate=args.validate,

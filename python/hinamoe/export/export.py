@@ -57,17 +57,26 @@ def fuse(model_path: str | Path, *, dtype: str = "fp32", **options):
     return run_passes(model, dtype=dtype, **options)
 
 
-def save_model(model, out_dir: str | Path, *, threshold: int = EXTERNAL_DATA_THRESHOLD) -> Path:
+def save_model(model, out_dir: str | Path, *, threshold: int = EXTERNAL_DATA_THRESHOLD,
+               progress: bool = False) -> Path:
     """Writes `model` (onnx_ir.Model) as out_dir/model.onnx with initializers of
-    `threshold` bytes or more in out_dir/model.onnx_data."""
+    `threshold` bytes or more in out_dir/model.onnx_data (a bar per tensor
+    written when `progress`: large models spend minutes here)."""
     import onnx_ir as ir
+    from tqdm.auto import tqdm
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / MODEL_FILE
     for stale in (path, out / DATA_FILE):
         stale.unlink(missing_ok=True)
-    ir.save(model, path, external_data=DATA_FILE, size_threshold_bytes=threshold)
+    with tqdm(desc="writing weights", unit="tensor", disable=not progress, leave=False) as bar:
+        def advance(tensor, info) -> None:
+            bar.total = info.total
+            bar.update()
+
+        ir.save(model, path, external_data=DATA_FILE, size_threshold_bytes=threshold,
+                callback=advance)
     return path
 
 
@@ -114,7 +123,7 @@ def export(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", f
             model, report = fuse(unfused, dtype=dtype)
             bar.update()
             bar.set_postfix_str("saving")
-            model_path = save_model(model, out, threshold=threshold)
+            model_path = save_model(model, out, threshold=threshold, progress=progress)
             del model
             bar.update()
             report.to_json(out / REPORT_FILE)

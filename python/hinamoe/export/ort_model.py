@@ -19,14 +19,13 @@ import hinamoe
 MODEL_FILE = "model.onnx"
 
 
-def make_session(model_path: str | Path, providers=("HinaMoE",), session_options=None,
-                 disable_cpu_fallback: bool = False) -> ort.InferenceSession:
-    """InferenceSession on `providers`; fails (instead of silently falling back
-    to the CPU EP) when the first provider did not take the session."""
+def make_session(model_path: str | Path, providers=("HinaMoE",),
+                 session_options=None) -> ort.InferenceSession:
+    """InferenceSession on `providers` (names or (name, options) pairs); fails,
+    instead of silently running on the CPU EP alone, when the first provider
+    did not take the session. Nodes HinaMoE does not claim run on the CPU EP."""
     hinamoe.register()
     so = session_options or ort.SessionOptions()
-    if disable_cpu_fallback:
-        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     providers = list(providers)
     sess = ort.InferenceSession(str(model_path), so, providers=providers)
     want = providers[0] if isinstance(providers[0], str) else providers[0][0]
@@ -36,18 +35,18 @@ def make_session(model_path: str | Path, providers=("HinaMoE",), session_options
 
 
 def load_causal_lm(path: str | Path, providers=("HinaMoE",), session_options=None,
-                   disable_cpu_fallback: bool = False, use_io_binding: bool = False):
+                   use_io_binding: bool = False):
     """`optimum.onnxruntime.ORTModelForCausalLM` for the exported folder `path`
     (model.onnx + config.json [+ generation_config.json]) on `providers`."""
-    from optimum.onnxruntime import ORTModelForCausalLM
-    from transformers import AutoConfig, GenerationConfig
-
     path = Path(path)
-    model_file = path / MODEL_FILE if path.is_dir() else path
+    model_file = path if path.suffix == ".onnx" else path / MODEL_FILE
     folder = model_file.parent
     if not model_file.is_file():
         raise FileNotFoundError(f"{model_file} not found (expected a hina-export output folder)")
-    sess = make_session(model_file, providers, session_options, disable_cpu_fallback)
+    from optimum.onnxruntime import ORTModelForCausalLM
+    from transformers import AutoConfig, GenerationConfig
+
+    sess = make_session(model_file, providers, session_options)
     config = AutoConfig.from_pretrained(folder)
     try:
         generation_config = GenerationConfig.from_pretrained(folder)

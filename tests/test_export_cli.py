@@ -1,0 +1,154 @@
+"""hina-export end to end (export -> passes -> saved folder + report), its
+errors, and `optimum-cli export hina`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import onnx
+import pytest
+import torch
+
+from conftest import cpu_session, profile_node_providers
+from export_reference import compare_steps, decode_tokens, left_padded_batch, ort_steps, torch_steps
+from hinamoe.export import cli
+
+
+def _run_cli(args, capsys):
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_hina_export_end_to_end(tiny_export, tmp_path, capsys, rng):
+    """Full hina-export on Qwen2-MoE (shared expert): the folder has the model,
+    its external data, configs and the report; the table is printed; the
+    result matches PyTorch on the CPU EP and generates PyTorch's tokens on
+    HinaMoE, with every MoE node (if the passes fused any) run by HinaMoE."""
+    from hinamoe.export import load_causal_lm
+
+    ckpt = tiny_export.checkpoint("qwen2_moe")
+    out = tmp_path / "out"
+    code, stdout, _ = _run_cli([ckpt, out, "--quiet"], capsys)
+    assert code == 0
+    for name in ("model.onnx", "model.onnx_data", "config.json", "generation_config.json",
+                 "tokenizer.json", "fusion_report.json"):
+        assert (out / name).is_file(), name
+    assert not list(out.glob("hina-export-*")), "temporary folder left behind"
+    report = json.loads((out / "fusion_report.json").read_text())
+    model = onnx.load(str(out / "model.onnx"))
+    assert report["nodes_after"] == len(model.graph.node)
+    unfused = onnx.load(str(tiny_export("qwen2_moe").model))
+    assert report["nodes_before"] == len(unfused.graph.node)
+    assert f"nodes: {report['nodes_before']} -> {report['nodes_after']}" in stdout
+    assert f"wrote {out / 'model.onnx'}" in stdout
+
+    pt = tiny_export("qwen2_moe").torch_model()
+    ids, mask = left_padded_batch(rng, pt.config.vocab_size, lengths=(6, 3),
+                                  pad_id=pt.config.pad_token_id)
+    got = ort_steps(cpu_session(str(out / "model.onnx")), ids, mask, decode_steps=3)
+    want = torch_steps(pt, ids, mask, decode_steps=3, tokens=decode_tokens(got))
+    compare_steps(got, want, mask, 1e-4, 1e-4)
+
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(tmp_path / "gen")
+    om = load_causal_lm(out, providers=["HinaMoE"], session_options=so)
+    kw = dict(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+              max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    assert torch.equal(om.generate(**kw), pt.generate(**kw))
+    placed = profile_node_providers(om.session.end_profiling())
+    moe_nodes = [n.name for n in model.graph.node if n.op_type == "MoE"]
+    assert all(placed.get(name) == "HinaMoE" for name in moe_nodes), placed
+
+
+@pytest.fixture
+def llama_checkpoint(tmp_path):
+    """A real (non-MoE) HF checkpoint folder."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1)
+    path = tmp_path / "llama"
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def test_non_moe_architecture_lists_supported(llama_checkpoint, tmp_path, capsys):
+    code, _, err = _run_cli([llama_checkpoint, tmp_path / "o"], capsys)
+    assert code == 2
+    assert "unsupported architecture 'llama'" in err
+    for name in ("Mixtral", "Qwen2-MoE", "Qwen3-MoE", "gpt-oss"):
+        assert name in err
+
+
+@pytest.mark.parametrize("case", ["missing", "file", "no_config", "no_weights", "bad_json"])
+def test_bad_model_dir(case, tmp_path, capsys):
+    path = tmp_path / "ckpt"
+    expect = {"missing": "does not exist", "file": "is not a directory",
+              "no_config": "no config.json", "no_weights": "no weights",
+              "bad_json": "not valid JSON"}[case]
+    if case == "file":
+        path.write_text("x")
+    elif case != "missing":
+        path.mkdir()
+        if case == "no_weights":
+            (path / "config.json").write_text(json.dumps({"model_type": "mixtral"}))
+        elif case == "bad_json":
+            (path / "config.json").write_text("{model_type: mixtral")
+    code, out, err = _run_cli([path, tmp_path / "o"], capsys)
+    assert code == 2 and expect in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_options(tiny_export, tmp_path, capsys):
+    ckpt = tiny_export.checkpoint("mixtral")
+    code, _, err = _run_cli([ckpt, tmp_path / "o", "--no-fuse", "--dtype", "bf16"], capsys)
+    assert code == 2 and "needs fusion" in err
+    with pytest.raises(SystemExit) as e:
+        cli.main([str(ckpt), str(tmp_path / "o"), "--dtype", "int4"])
+    assert e.value.code == 2
+    assert "invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def test_help_explains(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for words in ("MODEL_DIR", "OUTPUT_DIR", "--dtype", "--no-fuse", "--opset", "fusion_report.json",
+                  "Qwen3-MoE", "load_causal_lm"):
+        assert words in text, words
+
+
+def _optimum_cli(*args, timeout=600):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", "optimum.commands.optimum_cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_optimum_cli_lists_export_hina():
+    res = _optimum_cli("export", "--help")
+    assert res.returncode == 0, res.stderr
+    assert "hina" in res.stdout and "onnx" in res.stdout
+    res = _optimum_cli("export", "hina", "--help")
+    assert res.returncode == 0 and "--no-fuse" in res.stdout, res.stderr
+
+
+def test_optimum_cli_export_hina_error(tmp_path):
+    res = _optimum_cli("export", "hina", tmp_path / "missing", tmp_path / "o")
+    assert res.returncode == 2 and "does not exist" in res.stderr, res.stderr
+
+
+@pytest.mark.slow
+def test_optimum_cli_export_hina_runs(tiny_export, tmp_path):
+    res = _optimum_cli("export", "hina", tiny_export.checkpoint("qwen3_moe"), tmp_path / "o", "--quiet")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (tmp_path / "o" / "model.onnx").is_file()
+    assert (tmp_path / "o" / "fusion_report.json").is_file()
+    assert "nodes:" in res.stdout
