@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -30,28 +29,14 @@ RTOL, ATOL = 2e-5, 2e-5
 # ------------------------------------------------------------------ exports
 
 
-def _export_unfused(arch: str, root: Path) -> Path:
-    """hina-export's first stage (optimum, no passes) on the tiny recipe."""
-    from hinamoe.export.export import export_unfused
-    from hinamoe.models import hf_tiny
-
-    return export_unfused(hf_tiny.build(arch, root / "hf"), root / "onnx")
-
-
-@pytest.fixture(scope="session")
-def unfused_path(tmp_path_factory):
-    """arch -> path of optimum's unfused export (made once per test session)."""
-    cache: dict[str, Path] = {}
-
-    def get(arch: str) -> Path:
-        if arch not in cache:
-            cache[arch] = _export_unfused(arch, tmp_path_factory.mktemp(f"gqa_{arch}"))
-        return cache[arch]
-
-    return get
+@pytest.fixture
+def unfused_path(tiny_export):
+    """arch -> optimum's unfused export of the tiny checkpoint (conftest's
+    session-wide tiny_export: each model is exported once per run)."""
+    return lambda arch: tiny_export(arch).model
 
 
-def _fused(path: Path):
+def _fused(path):
     model = ir.load(str(path))
     model, report = run_passes(model, only=[gqa_fusion.NAME])
     (gqa_report,) = report.passes
@@ -397,26 +382,23 @@ def test_cpu_gqa_first_prompt_ignores_position_ids(rng):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
-def test_generate_with_fused_attention_matches_pytorch(arch, tmp_path, rng):
-    """hina-export with the GQA pass, loaded as optimum's ORTModelForCausalLM:
-    greedy generation of 8 tokens for a left-padded batch of 2 is the
-    PyTorch checkpoint's, token for token."""
+def test_generate_with_fused_attention_matches_pytorch(arch, tiny_export, rng):
+    """The full hina-export (GQA pass included), loaded as optimum's
+    ORTModelForCausalLM: greedy generation of 8 tokens for a left-padded
+    batch of 2 is the PyTorch checkpoint's, token for token."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from hinamoe.export import load_causal_lm
-    from hinamoe.export.export import export
     from hinamoe.models import hf_tiny
 
-    ckpt = hf_tiny.build(arch, tmp_path / "hf")
-    _, report = export(ckpt, tmp_path / "out", progress=False, fuse_graph=True)
-    gqa = next(p for p in report.passes if p.name == gqa_fusion.NAME)
-    assert gqa.matched == 2 and not gqa.skipped, gqa
+    fused = tiny_export.fused(arch)
+    report = json.loads((fused.model.parent / "fusion_report.json").read_text())
+    gqa = next(p for p in report["passes"] if p["name"] == gqa_fusion.NAME)
+    assert gqa["matched"] == 2 and not gqa["skipped"], gqa
     ids, mask = _left_padded(rng, hf_tiny.BOS, lengths=(7, 3))
     ids[mask == 0] = hf_tiny.PAD
     ids, mask = torch.from_numpy(ids), torch.from_numpy(mask)
-    want = AutoModelForCausalLM.from_pretrained(ckpt).eval().generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
-    got = load_causal_lm(tmp_path / "out", providers=["CPUExecutionProvider"]).generate(
+    want = fused.torch_model().generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+    got = load_causal_lm(fused.model.parent, providers=["CPUExecutionProvider"]).generate(
         input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
     assert torch.equal(got, want), (got, want)
