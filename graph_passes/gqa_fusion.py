@@ -450,6 +450,8 @@ def apply(model: ir.Model, **options) -> PassReport:
     graph = model.graph
     builder = _Builder(graph)
     for index, past_k, past_v in _kv_inputs(graph):
+        if any(u.node.op_type == "GroupQueryAttention" for u in past_k.uses()):
+            continue  # fused already (the pass ran before)
         where = f"layer {index}"
         concat = next((u.node for u in past_k.uses() if u.node.op_type == "Concat"), None)
         if concat is not None:

@@ -322,6 +322,15 @@ def test_partial_match_left_unfused(arch, mutate, unfused_path, rng, tmp_path):
     _assert_steps_equal(got, want, mask, _pad_positions_too(report))
 
 
+def test_second_run_changes_nothing(unfused_path):
+    """Running the pass on its own output finds nothing left to do."""
+    model, _ = _fused(unfused_path("qwen3_moe"))
+    before = [(n.op_type, n.name) for n in model.graph]
+    report = gqa_fusion.apply(model)
+    assert report.fused == [] and report.skipped == []
+    assert [(n.op_type, n.name) for n in model.graph] == before
+
+
 def test_graph_without_kv_cache_is_untouched(rng):
     """A model with no past_key_values inputs has nothing to fuse."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
