@@ -7,12 +7,13 @@ from typing import Callable
 import onnx
 import onnx_ir as ir
 
-from . import dtype, moe_fusion
+from . import dtype, gqa_fusion, moe_fusion
 from .report import FusionReport, PassReport, op_counts
 
 # (name, apply) in the order they run. Fusion passes add their entry here.
 PASSES: list[tuple[str, Callable[..., PassReport]]] = [
     (moe_fusion.NAME, moe_fusion.apply),
+    (gqa_fusion.NAME, gqa_fusion.apply),
     (dtype.NAME, dtype.apply),
 ]
 
