@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import cpu_session
+from export_fixtures import ARCHS
 from export_reference import compare_steps, decode_tokens, left_padded_batch, ort_steps, torch_steps
 from hinamoe.export import cli
 
@@ -32,14 +33,17 @@ def _run_cli(args, capsys):
     return code, out, err
 
 
-def test_hina_export_end_to_end(tiny_export, tmp_path, capsys, rng):
-    """Full hina-export on Qwen2-MoE (shared expert): the folder has the model,
-    its external data, configs and the report; the table is printed; the
-    result matches PyTorch on the CPU EP and generates PyTorch's tokens on
-    HinaMoE, with every MoE node (if the passes fused any) run by HinaMoE."""
+@pytest.mark.parametrize("arch", [
+    "qwen2_moe",  # shared expert, no renormalisation: the most to get right
+    *(pytest.param(a, marks=pytest.mark.slow) for a in ARCHS if a != "qwen2_moe")])
+def test_hina_export_end_to_end(arch, tiny_export, tmp_path, capsys, rng):
+    """Full hina-export: the folder has the model, its external data, configs
+    and the report; the table is printed; the result matches PyTorch on the
+    CPU EP and generates PyTorch's tokens on HinaMoE, with every MoE node (if
+    the passes fused any) run by HinaMoE."""
     from hinamoe.export import load_causal_lm
 
-    ckpt = tiny_export.checkpoint("qwen2_moe")
+    ckpt = tiny_export.checkpoint(arch)
     out = tmp_path / "out"
     code, stdout, _ = _run_cli([ckpt, out, "--quiet"], capsys)
     assert code == 0
@@ -50,12 +54,12 @@ def test_hina_export_end_to_end(tiny_export, tmp_path, capsys, rng):
     report = json.loads((out / "fusion_report.json").read_text())
     model = onnx.load(str(out / "model.onnx"))
     assert report["nodes_after"] == len(model.graph.node)
-    unfused = onnx.load(str(tiny_export("qwen2_moe").model))
+    unfused = onnx.load(str(tiny_export(arch).model))
     assert report["nodes_before"] == len(unfused.graph.node)
     assert f"nodes: {report['nodes_before']} -> {report['nodes_after']}" in stdout
     assert f"wrote {out / 'model.onnx'}" in stdout
 
-    pt = tiny_export("qwen2_moe").torch_model()
+    pt = tiny_export(arch).torch_model()
     ids, mask = left_padded_batch(rng, pt.config.vocab_size, lengths=(6, 3),
                                   pad_id=pt.config.pad_token_id)
     got = ort_steps(cpu_session(str(out / "model.onnx")), ids, mask, decode_steps=3)
