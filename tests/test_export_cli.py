@@ -14,17 +14,9 @@ import torch
 
 from conftest import cpu_session
 from export_fixtures import ARCHS
+from fusion_checks import profile_nodes
 from export_reference import compare_steps, decode_tokens, left_padded_batch, ort_steps, torch_steps
 from hinamoe.export import cli
-
-
-def _providers_by_node(profile_path) -> dict[str, str]:
-    """{node name: provider} of the nodes in an ORT profile."""
-    with open(profile_path) as f:
-        events = json.load(f)
-    suffix = "_kernel_time"
-    return {ev["name"][: -len(suffix)]: ev["args"]["provider"] for ev in events
-            if ev.get("cat") == "Node" and ev["name"].endswith(suffix) and "provider" in ev.get("args", {})}
 
 
 def _run_cli(args, capsys):
@@ -75,7 +67,7 @@ def test_hina_export_end_to_end(arch, tiny_export, tmp_path, capsys, rng):
     kw = dict(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
               max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert torch.equal(om.generate(**kw), pt.generate(**kw))
-    placed = _providers_by_node(om.session.end_profiling())
+    placed = profile_nodes(om.session.end_profiling())
     moe_nodes = [n.name for n in model.graph.node if n.op_type == "MoE"]
     assert {name: placed.get(name) for name in moe_nodes} == {name: "HinaMoE" for name in moe_nodes}
 
