@@ -67,17 +67,19 @@ def rng(seed) -> np.random.Generator:
 
 # ------------------------------------------------------------ onnxruntime version
 
-def _moe_schema_attributes() -> set[str]:
+def _ms_schema(op: str):
     from onnxruntime.capi import onnxruntime_pybind11_state as C
 
     for schema in C.get_all_operator_schema():
-        if schema.name == "MoE" and schema.domain == "com.microsoft":
-            return set(schema.attributes)
-    return set()
+        if schema.name == op and schema.domain == "com.microsoft":
+            return schema
+    return None
 
 
 # swiglu_limit_after_activation entered the MoE schema in onnxruntime 1.32.
-ORT_HAS_LIMIT_AFTER_ACTIVATION = "swiglu_limit_after_activation" in _moe_schema_attributes()
+ORT_HAS_LIMIT_AFTER_ACTIVATION = "swiglu_limit_after_activation" in set(_ms_schema("MoE").attributes)
+# Inputs of this onnxruntime's GroupQueryAttention (query_seqlens is 1.32+).
+ORT_GQA_INPUTS = {i.name for i in _ms_schema("GroupQueryAttention").inputs}
 
 
 def _ort_version() -> tuple[int, int]:
