@@ -31,8 +31,8 @@ def _run_cli(args, capsys):
 def test_hina_export_end_to_end(arch, tiny_export, tmp_path, capsys, rng):
     """Full hina-export: the folder has the model, its external data, configs
     and the report; the table is printed; the result matches PyTorch on the
-    CPU EP and generates PyTorch's tokens on HinaMoE, with every MoE node (if
-    the passes fused any) run by HinaMoE."""
+    CPU EP and generates PyTorch's tokens on HinaMoE, with every fused MoE and
+    GroupQueryAttention node run by HinaMoE."""
     from hinamoe.export import load_causal_lm
 
     ckpt = tiny_export.checkpoint(arch)
@@ -68,8 +68,12 @@ def test_hina_export_end_to_end(arch, tiny_export, tmp_path, capsys, rng):
               max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert torch.equal(om.generate(**kw), pt.generate(**kw))
     placed = profile_nodes(om.session.end_profiling())
-    moe_nodes = [n.name for n in model.graph.node if n.op_type == "MoE"]
-    assert {name: placed.get(name) for name in moe_nodes} == {name: "HinaMoE" for name in moe_nodes}
+    # One MoE and one GroupQueryAttention per layer, each run by HinaMoE.
+    layers = pt.config.num_hidden_layers
+    fused = [n.name for n in model.graph.node if n.op_type in ("MoE", "GroupQueryAttention")]
+    assert sum(n.op_type == "MoE" for n in model.graph.node) == layers
+    assert sum(n.op_type == "GroupQueryAttention" for n in model.graph.node) == layers
+    assert {name: placed.get(name) for name in fused} == {name: "HinaMoE" for name in fused}
 
 
 @pytest.fixture
