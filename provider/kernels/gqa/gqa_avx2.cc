@@ -72,94 +72,96 @@ HINAMOE_AVX2_INLINE __m256 exp_nonpos(__m256 x) {
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
 }
 
-// sc[r*ld + j] = q_r . k_j for rows [0, R), keys [j0, j1) (j relative to j0).
-template <DType DT, int RB>
-HINAMOE_AVX2_INLINE void scores_block(const float* q, int64_t d, const typename Elem<DT>::T* k, int64_t kv_stride,
-                                      int64_t nk, float* sc, int64_t ld, int64_t pf) {
-  int64_t j = 0;
-  for (; j + 2 <= nk; j += 2) {
-    const auto* k0 = k + j * kv_stride;
-    const auto* k1 = k0 + kv_stride;
-    __m256 s0[RB], s1[RB];
-    for (int r = 0; r < RB; ++r) s0[r] = s1[r] = _mm256_setzero_ps();
-    for (int64_t c = 0; c < d; c += 8) {
-      if ((c * int64_t(sizeof(*k))) % 64 == 0) {
-        _mm_prefetch(reinterpret_cast<const char*>(k0 + pf + c), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(k1 + pf + c), _MM_HINT_T0);
-      }
-      const __m256 a = load8<DT>(k0 + c), b = load8<DT>(k1 + c);
-      for (int r = 0; r < RB; ++r) {
-        const __m256 x = _mm256_loadu_ps(q + r * d + c);
-        s0[r] = _mm256_fmadd_ps(x, a, s0[r]);
-        s1[r] = _mm256_fmadd_ps(x, b, s1[r]);
-      }
-    }
-    if constexpr (RB == 4) {
-      // Reduce the 8 accumulators together: two hadd levels leave per-lane
-      // partial sums [r0 r1 r2 r3] of each key; adding the halves finishes.
-      const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(s0[0], s0[1]), _mm256_hadd_ps(s0[2], s0[3]));
-      const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(s1[0], s1[1]), _mm256_hadd_ps(s1[2], s1[3]));
-      alignas(16) float t0[4], t1[4];
-      _mm_store_ps(t0, _mm_add_ps(_mm256_castps256_ps128(u0), _mm256_extractf128_ps(u0, 1)));
-      _mm_store_ps(t1, _mm_add_ps(_mm256_castps256_ps128(u1), _mm256_extractf128_ps(u1, 1)));
-      for (int r = 0; r < 4; ++r) {
-        sc[r * ld + j] = t0[r];
-        sc[r * ld + j + 1] = t1[r];
-      }
-    } else {
-      for (int r = 0; r < RB; ++r) {
-        sc[r * ld + j] = hsum(s0[r]);
-        sc[r * ld + j + 1] = hsum(s1[r]);
-      }
+// Scores of KB keys starting at k0 (row stride kv_stride) for rows [0, RB):
+// sc[r*ld + kk] = q_r . k_kk. RB x KB accumulators; 4 x 3 = 12 keeps enough
+// independent FMA chains in flight to cover the FMA latency (4 x 2 left the
+// FMA pipes ~60% idle). Prefetches the same rows one piece (pf elements) on.
+template <DType DT, int RB, int KB>
+HINAMOE_AVX2_INLINE void scores_keys(const float* q, int64_t d, const typename Elem<DT>::T* k0, int64_t kv_stride,
+                                     float* sc, int64_t ld, int64_t pf) {
+  __m256 s[RB][KB];
+  for (int r = 0; r < RB; ++r)
+    for (int kk = 0; kk < KB; ++kk) s[r][kk] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < d; c += 8) {
+    if ((c * int64_t(sizeof(*k0))) % 64 == 0)
+      for (int kk = 0; kk < KB; ++kk)
+        _mm_prefetch(reinterpret_cast<const char*>(k0 + kk * kv_stride + pf + c), _MM_HINT_T0);
+    __m256 kv[KB];
+    for (int kk = 0; kk < KB; ++kk) kv[kk] = load8<DT>(k0 + kk * kv_stride + c);
+    for (int r = 0; r < RB; ++r) {
+      const __m256 x = _mm256_loadu_ps(q + r * d + c);
+      for (int kk = 0; kk < KB; ++kk) s[r][kk] = _mm256_fmadd_ps(x, kv[kk], s[r][kk]);
     }
   }
-  if (j < nk) {
-    const auto* k0 = k + j * kv_stride;
-    __m256 s0[RB];
-    for (int r = 0; r < RB; ++r) s0[r] = _mm256_setzero_ps();
-    for (int64_t c = 0; c < d; c += 8) {
-      const __m256 a = load8<DT>(k0 + c);
-      for (int r = 0; r < RB; ++r) s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * d + c), a, s0[r]);
+  if constexpr (RB == 4) {
+    // Two hadd levels leave per-lane partial sums [r0 r1 r2 r3] of a key;
+    // adding the halves finishes all 4 rows at once.
+    for (int kk = 0; kk < KB; ++kk) {
+      const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(s[0][kk], s[1][kk]), _mm256_hadd_ps(s[2][kk], s[3][kk]));
+      alignas(16) float t[4];
+      _mm_store_ps(t, _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+      for (int r = 0; r < 4; ++r) sc[r * ld + kk] = t[r];
     }
-    for (int r = 0; r < RB; ++r) sc[r * ld + j] = hsum(s0[r]);
+  } else {
+    for (int r = 0; r < RB; ++r)
+      for (int kk = 0; kk < KB; ++kk) sc[r * ld + kk] = hsum(s[r][kk]);
   }
 }
 
-// acc[r*d + :] += sum_j p[r*ld + j] * v_j for rows [0, RB).
+// sc[r*ld + j] = q_r . k_j for rows [0, RB), keys [0, nk). `wide` takes 3
+// keys per step (12 accumulators) instead of 2; see chunk_avx2 for when.
+template <DType DT, int RB>
+HINAMOE_AVX2_INLINE void scores_block(const float* q, int64_t d, const typename Elem<DT>::T* k, int64_t kv_stride,
+                                      int64_t nk, float* sc, int64_t ld, int64_t pf, bool wide) {
+  int64_t j = 0;
+  if (wide)
+    for (; j + 3 <= nk; j += 3) scores_keys<DT, RB, 3>(q, d, k + j * kv_stride, kv_stride, sc + j, ld, pf);
+  else
+    for (; j + 2 <= nk; j += 2) scores_keys<DT, RB, 2>(q, d, k + j * kv_stride, kv_stride, sc + j, ld, pf);
+  for (; j < nk; ++j) scores_keys<DT, RB, 1>(q, d, k + j * kv_stride, kv_stride, sc + j, ld, pf);
+}
+
+// acc[r*d + c + :W] += sum_j p[r*ld + j] * v_j[c + :W] for rows [0, RB), one
+// strip of W = 8*NV columns: RB x NV accumulators (4 x 3 = 12, as above).
+// Prefetches the strip's cache lines of the row one piece (pf elements) on.
+template <DType DT, int RB, int NV>
+HINAMOE_AVX2_INLINE void pv_strip(const float* p, int64_t ld, const typename Elem<DT>::T* v, int64_t kv_stride,
+                                  int64_t nk, int64_t c, float* acc, int64_t d, int64_t pf) {
+  using E = typename Elem<DT>::T;
+  constexpr int64_t es = sizeof(E);
+  // The lines starting inside this strip's bytes [c*es, (c+8*NV)*es) (<= 2).
+  const int64_t first = (c * es + 63) / 64 * 64, end = (c + 8 * NV) * es;
+  const int nlines = first >= end ? 0 : (first + 64 >= end ? 1 : 2);
+  __m256 a[RB][NV];
+  for (int r = 0; r < RB; ++r)
+    for (int i = 0; i < NV; ++i) a[r][i] = _mm256_loadu_ps(acc + r * d + c + 8 * i);
+  const E* vj = v + c;
+  const char* pfj = reinterpret_cast<const char*>(v + pf) + first;
+  for (int64_t j = 0; j < nk; ++j, vj += kv_stride, pfj += kv_stride * es) {
+    if (nlines > 0) _mm_prefetch(pfj, _MM_HINT_T0);
+    if (nlines > 1) _mm_prefetch(pfj + 64, _MM_HINT_T0);
+    __m256 x[NV];
+    for (int i = 0; i < NV; ++i) x[i] = load8<DT>(vj + 8 * i);
+    for (int r = 0; r < RB; ++r) {
+      const __m256 w = _mm256_broadcast_ss(p + r * ld + j);
+      for (int i = 0; i < NV; ++i) a[r][i] = _mm256_fmadd_ps(w, x[i], a[r][i]);
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int i = 0; i < NV; ++i) _mm256_storeu_ps(acc + r * d + c + 8 * i, a[r][i]);
+}
+
+// acc[r*d + :] += sum_j p[r*ld + j] * v_j for rows [0, RB): with `wide`,
+// strips of 24 columns, then 16 / 8 for the rest (d = 128: 4 x 24 + 2 x 16);
+// else strips of 16.
 template <DType DT, int RB>
 HINAMOE_AVX2_INLINE void pv_block(const float* p, int64_t ld, const typename Elem<DT>::T* v, int64_t kv_stride,
-                                  int64_t nk, int64_t d, float* acc, int64_t pf) {
+                                  int64_t nk, int64_t d, float* acc, int64_t pf, bool wide) {
   int64_t c = 0;
-  for (; c + 16 <= d; c += 16) {
-    __m256 a0[RB], a1[RB];
-    for (int r = 0; r < RB; ++r) {
-      a0[r] = _mm256_loadu_ps(acc + r * d + c);
-      a1[r] = _mm256_loadu_ps(acc + r * d + c + 8);
-    }
-    for (int64_t j = 0; j < nk; ++j) {
-      const auto* vj = v + j * kv_stride + c;
-      if ((c * int64_t(sizeof(*v))) % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(vj + pf), _MM_HINT_T0);
-      const __m256 x0 = load8<DT>(vj), x1 = load8<DT>(vj + 8);
-      for (int r = 0; r < RB; ++r) {
-        const __m256 w = _mm256_broadcast_ss(p + r * ld + j);
-        a0[r] = _mm256_fmadd_ps(w, x0, a0[r]);
-        a1[r] = _mm256_fmadd_ps(w, x1, a1[r]);
-      }
-    }
-    for (int r = 0; r < RB; ++r) {
-      _mm256_storeu_ps(acc + r * d + c, a0[r]);
-      _mm256_storeu_ps(acc + r * d + c + 8, a1[r]);
-    }
-  }
-  if (c < d) {  // d % 16 == 8
-    __m256 a0[RB];
-    for (int r = 0; r < RB; ++r) a0[r] = _mm256_loadu_ps(acc + r * d + c);
-    for (int64_t j = 0; j < nk; ++j) {
-      const __m256 x0 = load8<DT>(v + j * kv_stride + c);
-      for (int r = 0; r < RB; ++r) a0[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * ld + j), x0, a0[r]);
-    }
-    for (int r = 0; r < RB; ++r) _mm256_storeu_ps(acc + r * d + c, a0[r]);
-  }
+  if (wide)
+    for (; d - c >= 24 && d - c != 32; c += 24) pv_strip<DT, RB, 3>(p, ld, v, kv_stride, nk, c, acc, d, pf);
+  for (; d - c >= 16; c += 16) pv_strip<DT, RB, 2>(p, ld, v, kv_stride, nk, c, acc, d, pf);
+  if (c < d) pv_strip<DT, RB, 1>(p, ld, v, kv_stride, nk, c, acc, d, pf);
 }
 
 template <DType DT>
@@ -183,12 +185,18 @@ HINAMOE_AVX2_FN void chunk_avx2(const GqaChunkArgs& a) {
   // of the read bandwidth at long contexts. Prefetching past the buffer's
   // end is harmless (no fault).
   const int64_t pf = nk * a.kv_stride;
+  // Blocks of 12 accumulators (4 rows x 3 keys, 4 rows x 24 columns) when the
+  // block has >= 8 rows (G >= 8): K and V are then read twice per piece (the
+  // second time from L2) and the FMAs bound the time (1 thread, 32/4 heads,
+  // data in L3: 11.7 -> 13.6 GB/s). With fewer rows the loads from DRAM bound
+  // it and the 8-accumulator blocks streamed ~10% faster at 32K context.
+  const bool wide = a.rows >= 8;
   int64_t r = 0;
-  for (; r + 4 <= a.rows; r += 4) scores_block<DT, 4>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld, pf);
+  for (; r + 4 <= a.rows; r += 4) scores_block<DT, 4>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld, pf, wide);
   switch (a.rows - r) {
-    case 3: scores_block<DT, 3>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld, pf); break;
-    case 2: scores_block<DT, 2>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld, pf); break;
-    case 1: scores_block<DT, 1>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld, pf); break;
+    case 3: scores_block<DT, 3>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld, pf, wide); break;
+    case 2: scores_block<DT, 2>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld, pf, wide); break;
+    case 1: scores_block<DT, 1>(a.q + r * d, d, k, a.kv_stride, nk, sc + r * ld, ld, pf, wide); break;
     default: break;
   }
 
@@ -241,11 +249,11 @@ HINAMOE_AVX2_FN void chunk_avx2(const GqaChunkArgs& a) {
     }
   }
 
-  for (r = 0; r + 4 <= a.rows; r += 4) pv_block<DT, 4>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d, pf);
+  for (r = 0; r + 4 <= a.rows; r += 4) pv_block<DT, 4>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d, pf, wide);
   switch (a.rows - r) {
-    case 3: pv_block<DT, 3>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d, pf); break;
-    case 2: pv_block<DT, 2>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d, pf); break;
-    case 1: pv_block<DT, 1>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d, pf); break;
+    case 3: pv_block<DT, 3>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d, pf, wide); break;
+    case 2: pv_block<DT, 2>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d, pf, wide); break;
+    case 1: pv_block<DT, 1>(sc + r * ld, ld, v, a.kv_stride, nk, d, a.acc + r * d, pf, wide); break;
     default: break;
   }
 }

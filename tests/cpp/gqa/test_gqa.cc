@@ -461,6 +461,34 @@ TEST(gqa_decode_random) {
   }
 }
 
+// Head sizes that leave 8-column and odd 24-column tails in the AVX2 P*V
+// strips (d = 40, 56, 72, 88), with 4 and 8 heads per KV head (the two
+// block shapes), decode at a few hundred keys and short prompts. No rotary:
+// it needs d % 16 == 0.
+TEST(gqa_odd_head_sizes) {
+  const int64_t ds[] = {40, 56, 72, 88};
+  for (int iter = 0; iter < 16; ++iter) {
+    Config c;
+    c.d = ds[iter % 4];
+    c.Nkv = ht::randint(1, 2);
+    c.N = (iter / 4 % 2 == 0 ? 4 : 8) * c.Nkv;
+    c.f16 = iter >= 8;
+    c.B = ht::randint(1, 2);
+    const bool prompt = iter % 3 == 0;
+    c.S = prompt ? ht::randint(2, 20) : 1;
+    const int64_t total = prompt ? c.S : ht::randint(130, 700);
+    c.seqlens.assign(size_t(c.B), int32_t(total - 1));
+    c.total_seq = total;
+    c.shared = true;
+    c.past_cap = total + ht::randint(0, 5);
+    random_attrs(c, total);
+    c.attrs.do_rotary = false;
+    const Inputs in = random_inputs(c);
+    const int64_t pn = c.B * c.Nkv * c.past_cap * c.d;
+    check_step(c, in, random_cache(pn, c.f16), random_cache(pn, c.f16), "odd_head_size");
+  }
+}
+
 // ORT's "interactive" continuation: B = 1, S > 1 new tokens after a past.
 TEST(gqa_continuation_random) {
   for (int iter = 0; iter < 6; ++iter) {
