@@ -68,10 +68,11 @@ import numpy as np
 import onnx_ir as ir
 
 from . import rotary
+from .graph_walk import const_array
 from .match_helpers import (NoMatch, check_axis, check_transpose, float_scalar, ints,
                             only_consumer, producer, scalar)
 from .report import PassReport
-from .shape_values import Dim, const_array, dims_of
+from .shape_values import Dim, dims_of
 
 NAME = "gqa"
 

@@ -8,11 +8,8 @@ import math
 
 import onnx_ir as ir
 
-from .shape_values import const_array, evaluate
-
-
-class NoMatch(Exception):
-    """The site does not match the pattern; the message says where."""
+from .graph_walk import NoMatch, const_array
+from .shape_values import evaluate
 
 
 

@@ -16,6 +16,8 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
+from .graph_walk import const_array
+
 
 @dataclasses.dataclass(frozen=True)
 class Dim:
@@ -40,14 +42,6 @@ class IntExpr:
 
 
 _MAX_DEPTH = 32
-
-
-def const_array(value: ir.Value | None) -> np.ndarray | None:
-    """The value as a numpy array if it is an initializer or a Constant."""
-    if value is None:
-        return None
-    tensor = ir.convenience.get_const_tensor(value)
-    return None if tensor is None else tensor.numpy()
 
 
 def dims_of(value: ir.Value) -> list | None:
