@@ -6,7 +6,7 @@
 #include <string>
 
 #include "kernels/gqa/gqa.h"
-#include "moe_attrs.h"  // AttrSource, AttrVerdict
+#include "attr_sources.h"
 
 namespace hinamoe_ep {
 

@@ -2,13 +2,12 @@
 
 #include <algorithm>
 #include <memory>
-#include <sstream>
 #include <thread>
 #include <vector>
 
 #include "ep.h"
+#include "kernel_base.h"
 #include "gqa_attrs.h"
-#include "kernel_info_attrs.h"
 #include "kernels/gqa/gqa.h"
 
 namespace hinamoe_ep {
@@ -22,43 +21,11 @@ const char* const kInputNames[kNumInputs] = {"query",     "key",        "value",
                                              "cos_cache", "sin_cache",  "position_ids", "attention_bias",
                                              "head_sink"};
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
-  os << "]";
-  return os.str();
-}
-
-// Runs fn over ORT's intra-op pool of the session.
-void ort_parallel_for(void* pool, size_t n, void (*fn)(void*, size_t), void* arg) {
-  static_cast<const Ort::KernelContext*>(pool)->ParallelFor(fn, n, 0, arg);
-}
-
-struct GqaKernel : OrtKernelImpl {
+struct GqaKernel : KernelBase<GqaKernel> {
   GqaNodeAttrs attrs;
   const hinamoe::GqaTier* tier = nullptr;
-  std::string node_name;
 
-  GqaKernel() : OrtKernelImpl{} {
-    ort_version_supported = kApiVersion;
-    flags = 0;
-    Compute = ComputeImpl;
-    Release = ReleaseImpl;
-  }
-
-  OrtStatus* error(const std::string& input, const std::string& reason) const {
-    std::string msg = "HinaMoE GroupQueryAttention node '" + node_name + "'";
-    if (!input.empty()) msg += ": input '" + input + "'";
-    return make_status(ORT_INVALID_ARGUMENT, msg + ": " + reason);
-  }
-
-  static OrtStatus* ORT_API_CALL ComputeImpl(OrtKernelImpl* this_ptr, OrtKernelContext* context) noexcept {
-    HINA_API_BEGIN
-    return static_cast<GqaKernel*>(this_ptr)->compute(context);
-    HINA_API_END
-  }
-  static void ORT_API_CALL ReleaseImpl(OrtKernelImpl* this_ptr) noexcept { delete static_cast<GqaKernel*>(this_ptr); }
+  GqaKernel() : KernelBase("GroupQueryAttention") {}
 
   OrtStatus* compute(OrtKernelContext* context) const;
 };

@@ -6,16 +6,6 @@ namespace hinamoe_ep {
 
 namespace {
 
-template <class T>
-std::optional<T> node_attr(const Ort::ConstNode& node, const char* name) {
-  Ort::ConstOpAttr attr{nullptr};
-  Ort::Status st = node.GetAttributeByName(name, attr);
-  if (!st.IsOK() || attr == nullptr) return std::nullopt;
-  T value{};
-  if (!attr.GetValue(value).IsOK()) return std::nullopt;
-  return value;
-}
-
 // Inputs 12.. of the schema: what each would need that HinaMoE lacks.
 const char* const kUnclaimedInputs[] = {
     "k_scale (quantised KV cache)", "v_scale (quantised KV cache)", "q_norm_weight (per-head Q RMS norm)",
@@ -36,11 +26,7 @@ std::string gqa_unsupported_reason(const Ort::ConstNode& node) {
     const std::string name = attr.GetName();
     if (!is_known_gqa_attr(name)) return "attribute '" + name + "' is not known to HinaMoE";
   }
-  AttrSource src{
-      [&](const char* n) { return node_attr<int64_t>(node, n); },
-      [&](const char* n) { return node_attr<float>(node, n); },
-      [&](const char* n) { return node_attr<std::string>(node, n); },
-  };
+  const AttrSource src = node_attrs(node);
   GqaNodeAttrs attrs;
   std::string why;
   if (read_gqa_attrs(src, &attrs, &why) == AttrVerdict::Unsupported) return why;

@@ -1,14 +1,13 @@
 #include "moe_kernel.h"
 
 #include <optional>
-#include <sstream>
 #include <thread>
 #include <vector>
 
 #include "ep.h"
+#include "kernel_base.h"
 #include "kernels/moe_ffn.h"
 #include "kernels/numa/plan_cache.h"
-#include "kernel_info_attrs.h"
 #include "moe_attrs.h"
 
 namespace hinamoe_ep {
@@ -19,14 +18,6 @@ const char* const kInputNames[] = {"input",          "router_probs",        "fc1
                                    "fc1_experts_bias", "fc2_experts_weights", "fc2_experts_bias",
                                    "fc3_experts_weights", "fc3_experts_bias"};
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
-  os << "]";
-  return os.str();
-}
-
 hinamoe::DType to_dtype(ONNXTensorElementDataType t) {
   switch (t) {
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return hinamoe::DType::F16;
@@ -35,38 +26,14 @@ hinamoe::DType to_dtype(ONNXTensorElementDataType t) {
   }
 }
 
-// Runs fn over ORT's intra-op pool of the session.
-void ort_parallel_for(void* pool, size_t n, void (*fn)(void*, size_t), void* arg) {
-  static_cast<const Ort::KernelContext*>(pool)->ParallelFor(fn, n, 0, arg);
-}
-
-struct MoEKernel : OrtKernelImpl {
+struct MoEKernel : KernelBase<MoEKernel> {
   hinamoe::MoEAttrs attrs;
   const hinamoe::KernelTier* tier = nullptr;
   std::shared_ptr<const hinamoe::numa::Topology> topology;  // null: one node
   // Segment tables of this node's weights, built on first use (thread-safe).
   mutable hinamoe::numa::PlanCache plans;
-  std::string node_name;
 
-  MoEKernel() : OrtKernelImpl{} {
-    ort_version_supported = kApiVersion;
-    flags = 0;
-    Compute = ComputeImpl;
-    Release = ReleaseImpl;
-  }
-
-  OrtStatus* error(const std::string& input, const std::string& reason) const {
-    std::string msg = "HinaMoE MoE node '" + node_name + "'";
-    if (!input.empty()) msg += ": input '" + input + "'";
-    return make_status(ORT_INVALID_ARGUMENT, msg + ": " + reason);
-  }
-
-  static OrtStatus* ORT_API_CALL ComputeImpl(OrtKernelImpl* this_ptr, OrtKernelContext* context) noexcept {
-    HINA_API_BEGIN
-    return static_cast<MoEKernel*>(this_ptr)->compute(context);
-    HINA_API_END
-  }
-  static void ORT_API_CALL ReleaseImpl(OrtKernelImpl* this_ptr) noexcept { delete static_cast<MoEKernel*>(this_ptr); }
+  MoEKernel() : KernelBase("MoE") {}
 
   OrtStatus* compute(OrtKernelContext* context) const;
 };

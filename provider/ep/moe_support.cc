@@ -6,16 +6,6 @@ namespace hinamoe_ep {
 
 namespace {
 
-template <class T>
-std::optional<T> node_attr(const Ort::ConstNode& node, const char* name) {
-  Ort::ConstOpAttr attr{nullptr};
-  Ort::Status st = node.GetAttributeByName(name, attr);
-  if (!st.IsOK() || attr == nullptr) return std::nullopt;
-  T value{};
-  if (!attr.GetValue(value).IsOK()) return std::nullopt;
-  return value;
-}
-
 bool is_supported_elem(ONNXTensorElementDataType t) {
   return t == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || t == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ||
          t == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
@@ -24,11 +14,7 @@ bool is_supported_elem(ONNXTensorElementDataType t) {
 }  // namespace
 
 std::string moe_unsupported_reason(const Ort::ConstNode& node) {
-  AttrSource src{
-      [&](const char* n) { return node_attr<int64_t>(node, n); },
-      [&](const char* n) { return node_attr<float>(node, n); },
-      [&](const char* n) { return node_attr<std::string>(node, n); },
-  };
+  const AttrSource src = node_attrs(node);
   hinamoe::MoEAttrs attrs;
   std::string why;
   if (read_moe_attrs(src, &attrs, &why) == AttrVerdict::Unsupported) return why;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bandwidth.h"
+#include "bench/bench_util.h"
 #include "gqa/gqa.h"
 #include "thread_pool.h"
 
@@ -25,19 +26,8 @@ using namespace hinamoe;
 
 namespace {
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t a = 0;
-  while (a <= s.size()) {
-    size_t b = s.find(',', a);
-    if (b == std::string::npos) b = s.size();
-    if (b > a) out.push_back(s.substr(a, b - a));
-    a = b + 1;
-  }
-  return out;
-}
+using bench::now;
+using bench::split;
 
 }  // namespace
 

@@ -29,6 +29,7 @@
 #include <immintrin.h>
 
 #include "bandwidth.h"
+#include "bench/bench_util.h"
 #include "moe_ffn.h"
 #include "numa/plan_cache.h"
 #include "numa/topology.h"
@@ -38,7 +39,8 @@ using namespace hinamoe;
 
 namespace {
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+using bench::now;
+using bench::split;
 
 std::vector<uint8_t> random_bytes(size_t n, DType dt, float scale, uint64_t seed) {
   std::vector<uint8_t> v(n * dtype_size(dt));
@@ -67,18 +69,6 @@ struct Shape {
   const char* name;
   int64_t H, I;
 };
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t a = 0;
-  while (a <= s.size()) {
-    size_t b = s.find(',', a);
-    if (b == std::string::npos) b = s.size();
-    if (b > a) out.push_back(s.substr(a, b - a));
-    a = b + 1;
-  }
-  return out;
-}
 
 // Peak FMA rate of one core (lane-FMAs per second): 10 independent chains
 // hide the FMA latency, so this is the issue-rate roofline.

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import __version__
+from .common import BandwidthProbe, cpu_name, csv, hinamoe_tier, l3_bytes, make_session
+
 NAME = "ffn"
 HELP = "time a single MoE FFN node at real expert shapes (HinaMoE vs ORT CPU EP)"
 DESCRIPTION = """\
@@ -47,34 +50,19 @@ Examples:
 DEFAULT_TOKENS = (1, 2, 4, 8, 16)
 DEFAULT_DTYPES = ("f32", "f16", "bf16")
 DEFAULT_THREADS = (1, 2)
-L3_BYTES_DEFAULT = 32 * 2 ** 20
-
-
-def _csv(kind):
-    def parse(text: str):
-        items = [s.strip() for s in text.split(",") if s.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError("empty list")
-        try:
-            return [kind(s) for s in items]
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
-    return parse
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..models import DEFAULT_BENCH_MODELS
 
     g = p.add_argument_group("what to measure")
-    g.add_argument("--models", type=_csv(str), default=None, metavar="M1,M2",
+    g.add_argument("--models", type=csv(str), default=None, metavar="M1,M2",
                    help="model shapes (default: %s; see --list-models). "
                         "NAME:E overrides the number of experts instantiated"
                         % ",".join(DEFAULT_BENCH_MODELS))
-    g.add_argument("--tokens", type=_csv(int), default=None, metavar="N,...",
+    g.add_argument("--tokens", type=csv(int), default=None, metavar="N,...",
                    help="tokens per expert (default: 1,2,4,8,16)")
-    g.add_argument("--dtypes", type=_csv(str), default=None, metavar="D,...",
+    g.add_argument("--dtypes", type=csv(str), default=None, metavar="D,...",
                    help="HinaMoE weight/activation dtypes: f32,f16,bf16 (default: all three)")
-    g.add_argument("--threads", type=_csv(int), default=None, metavar="T,...",
+    g.add_argument("--threads", type=csv(int), default=None, metavar="T,...",
                    help="intra_op_num_threads values (default: 1,2)")
     g.add_argument("--isa", default="auto",
                    help="HinaMoE kernel tier: auto, ref, avx2, ... (default: auto)")
@@ -140,33 +128,6 @@ class Point:
     max_rel_diff_vs_cpu: float | None = None
 
 
-def _l3_bytes() -> int:
-    try:
-        base = Path("/sys/devices/system/cpu/cpu0/cache")
-        best = 0
-        for idx in base.glob("index*"):
-            level = int((idx / "level").read_text())
-            if level == 3:
-                size = (idx / "size").read_text().strip()
-                mult = {"K": 1024, "M": 2 ** 20}.get(size[-1], 1)
-                best = max(best, int(size.rstrip("KM")) * mult)
-        return best or L3_BYTES_DEFAULT
-    except Exception:
-        return L3_BYTES_DEFAULT
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
 def _resolve_models(names):
     from ..models import get_shape
 
@@ -195,25 +156,6 @@ def _plan_experts(shape, override: int, dtype_itemsize_min: int, l3: int, multip
 
 
 # --------------------------------------------------------------------- timing
-
-
-def _make_session(src: str, ep: str, threads: int, isa: str, numa: str = "auto"):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if ep == "HinaMoE":
-        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-        providers = [("HinaMoE", {"isa": isa, "numa": numa})]
-    else:
-        providers = ["CPUExecutionProvider"]
-    sess = ort.InferenceSession(src, so, providers=providers)
-    if ep == "HinaMoE" and sess.get_providers()[0] != "HinaMoE":
-        raise RuntimeError(f"HinaMoE not used: {sess.get_providers()}")
-    return sess
 
 
 def _time_point(sess, cfg, plan, xs, repeats: int, warmup: int):
@@ -278,52 +220,19 @@ def run(args) -> int:
 
     import onnxruntime as ort
 
-    hinamoe = sys.modules.get("hinamoe")
     tier = None
     if run_hina:
-        try:
-            import hinamoe  # noqa: F811
-
-            hinamoe.register()
-            tier = hinamoe.best_tier()
-        except Exception as exc:  # noqa: BLE001
-            print(f"hina-bench: the HinaMoE EP is not usable: {exc}\n"
-                  "  (build/install it, or pass --no-hinamoe to time the CPU EP alone)",
-                  file=sys.stderr)
+        tier = hinamoe_tier()
+        if tier is None:
             return 1
 
-    l3 = _l3_bytes()
-    bw_repeats = 3 if quick else 5
-    bandwidth_runs: dict[int, list[float]] = {t: [] for t in threads}
-    probe_ok = [True]
-
-    def probe_bandwidth() -> None:
-        """Read bandwidth per thread count (the kernel library's AVX2 reader);
-        probed before and after the run, the larger value is used (another
-        process on the machine lowers a probe more than it raises one)."""
-        if not probe_ok[0]:
-            return
-        for t in threads:
-            try:
-                import hinamoe as hm
-
-                bandwidth_runs[t].append(float(hm.measure_read_bandwidth(
-                    threads=t, nbytes=bw_bytes, repeats=bw_repeats)))
-            except Exception as exc:  # noqa: BLE001
-                print(f"note: read-bandwidth probe unavailable ({exc})", file=sys.stderr)
-                probe_ok[0] = False
-                return
-
-    def bandwidth_now() -> dict[int, float | None]:
-        return {t: (max(v) if v else None) for t, v in bandwidth_runs.items()}
-
-    probe_bandwidth()
-    bandwidth = bandwidth_now()
-    print(f"machine: {_cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
+    l3 = l3_bytes()
+    probe = BandwidthProbe(threads, bw_bytes, repeats=3 if quick else 5)
+    probe.probe()
+    print(f"machine: {cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
           f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa}"
           + (f", numa=fake:{args.numa_sim}" if args.numa_sim else "") + ")")
-    print("read bandwidth (before): " + ", ".join(
-        f"{t} thr {bw:.1f} GB/s" if bw else f"{t} thr n/a" for t, bw in bandwidth.items()))
+    print("read bandwidth (before): " + probe.describe())
 
     # Which (dtype, EP) sessions per model: HinaMoE for --dtypes; CPU EP for f32
     # (always, as the baseline) and f16 when asked.
@@ -390,8 +299,8 @@ def run(args) -> int:
                     for thr in threads:
                         if bar:
                             bar.set_postfix_str(f"{shape.name} {d} {ep} {thr}thr: session")
-                        sess = _make_session(src, ep, thr, args.isa,
-                                             f"fake:{args.numa_sim}" if args.numa_sim else "auto")
+                        sess = make_session(src, ep, thr, {
+                            "isa": args.isa, "numa": f"fake:{args.numa_sim}" if args.numa_sim else "auto"})
                         for n in tokens:
                             if bar:
                                 bar.set_postfix_str(f"{shape.name} {d} {ep} {thr}thr n={n}")
@@ -427,8 +336,8 @@ def run(args) -> int:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    probe_bandwidth()
-    bandwidth = bandwidth_now()
+    probe.probe()
+    bandwidth = probe.best()
     for p in points:
         bw = bandwidth.get(p.threads)
         p.pct_bw = 100.0 * p.gbs / bw if bw else None
@@ -444,8 +353,7 @@ def run(args) -> int:
 
     from .report import print_table, plot_latency
 
-    print("read bandwidth (max of the probes before/after): " + ", ".join(
-        f"{t} thr {bw:.1f} GB/s" if bw else f"{t} thr n/a" for t, bw in bandwidth.items()))
+    print("read bandwidth (max of the probes before/after): " + probe.describe())
     print_table(points, bandwidth)
     elapsed = time.time() - t_start
     print(f"({len(points)} points in {elapsed:.0f} s)")
@@ -454,11 +362,11 @@ def run(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
         meta = dict(
             command="hina-bench ffn", argv=sys.argv[1:], time=time.strftime("%Y-%m-%d %H:%M:%S"),
-            cpu=_cpu_name(), cores=cores, l3_bytes=l3, onnxruntime=ort.__version__,
-            hinamoe=getattr(hinamoe, "__version__", None) if hinamoe else None,
+            cpu=cpu_name(), cores=cores, l3_bytes=l3, onnxruntime=ort.__version__,
+            hinamoe=__version__,
             tier=tier, isa=args.isa, numa_sim=args.numa_sim,
             read_bandwidth_gbs={str(k): v for k, v in bandwidth.items()},
-            read_bandwidth_probes_gbs={str(k): v for k, v in bandwidth_runs.items()},
+            read_bandwidth_probes_gbs={str(k): v for k, v in probe.runs.items()},
             bandwidth_probe_bytes=bw_bytes, repeats=repeats, seed=args.seed,
             layers=layers, elapsed_s=elapsed,
             notes=["gbs = active experts' weight bytes in the model dtype / median time",

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .ffn import _cpu_name, _csv, _l3_bytes
+from .. import __version__
+from .common import BandwidthProbe, cpu_name, csv, hinamoe_tier, l3_bytes, make_session
 
 NAME = "gqa"
 HELP = "time one GroupQueryAttention decode step at real attention shapes (HinaMoE vs ORT CPU EP)"
@@ -52,15 +53,15 @@ DEFAULT_THREADS = (1, 2)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to measure")
-    g.add_argument("--shapes", type=_csv(str), default=None, metavar="S1,S2",
+    g.add_argument("--shapes", type=csv(str), default=None, metavar="S1,S2",
                    help="attention shapes (default: all; see --list-shapes)")
-    g.add_argument("--contexts", type=_csv(int), default=None, metavar="C,...",
+    g.add_argument("--contexts", type=csv(int), default=None, metavar="C,...",
                    help="tokens in the KV cache (default: 512,2048,8192,32768)")
-    g.add_argument("--batches", type=_csv(int), default=None, metavar="B,...",
+    g.add_argument("--batches", type=csv(int), default=None, metavar="B,...",
                    help="batch sizes (default: 1,4)")
-    g.add_argument("--threads", type=_csv(int), default=None, metavar="T,...",
+    g.add_argument("--threads", type=csv(int), default=None, metavar="T,...",
                    help="intra_op_num_threads values (default: 1,2)")
-    g.add_argument("--dtypes", type=_csv(str), default=None, metavar="D,...",
+    g.add_argument("--dtypes", type=csv(str), default=None, metavar="D,...",
                    help="element types of the node: f32, f16 (default: f32)")
     g.add_argument("--isa", default="auto",
                    help="HinaMoE kernel tier: auto, ref, avx2, ... (default: auto)")
@@ -147,24 +148,6 @@ class _Layer:
         return io
 
 
-def _make_session(model_bytes: bytes, ep: str, threads: int, isa: str):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    if ep == "HinaMoE":
-        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-        providers = [("HinaMoE", {"isa": isa})]
-    else:
-        providers = ["CPUExecutionProvider"]
-    sess = ort.InferenceSession(model_bytes, so, providers=providers)
-    if ep == "HinaMoE" and sess.get_providers()[0] != "HinaMoE":
-        raise RuntimeError(f"HinaMoE not used: {sess.get_providers()}")
-    return sess
-
-
 def _time(sess, layers, repeats: int, warmup: int):
     bindings = [layer.bind(sess) for layer in layers]
     for i in range(warmup):
@@ -224,36 +207,18 @@ def run(args) -> int:
         tqdm = None
     import onnxruntime as ort
 
-    import hinamoe
-
     tier = None
     if run_hina:
-        try:
-            hinamoe.register()
-            tier = hinamoe.best_tier()
-        except Exception as exc:  # noqa: BLE001
-            print(f"hina-bench: the HinaMoE EP is not usable: {exc}\n"
-                  "  (build/install it, or pass --no-hinamoe to time the CPU EP alone)",
-                  file=sys.stderr)
+        tier = hinamoe_tier()
+        if tier is None:
             return 1
 
-    l3 = _l3_bytes()
-    bandwidth_runs: dict[int, list[float]] = {t: [] for t in threads}
-
-    def probe_bandwidth() -> None:
-        for t in threads:
-            try:
-                bandwidth_runs[t].append(float(hinamoe.measure_read_bandwidth(
-                    threads=t, nbytes=bw_bytes, repeats=3 if quick else 5)))
-            except Exception as exc:  # noqa: BLE001
-                print(f"note: read-bandwidth probe unavailable ({exc})", file=sys.stderr)
-                return
-
-    probe_bandwidth()
-    print(f"machine: {_cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
+    l3 = l3_bytes()
+    probe = BandwidthProbe(threads, bw_bytes, repeats=3 if quick else 5)
+    probe.probe()
+    print(f"machine: {cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
           f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa})")
-    print("read bandwidth (before): " + ", ".join(
-        f"{t} thr {max(v):.1f} GB/s" if v else f"{t} thr n/a" for t, v in bandwidth_runs.items()))
+    print("read bandwidth (before): " + probe.describe())
 
     eps = (["HinaMoE"] if run_hina else []) + (["CPU"] if run_cpu else [])
     total = len(names) * len(dtypes) * len(batches) * len(contexts) * len(threads) * len(eps)
@@ -268,7 +233,7 @@ def run(args) -> int:
             cfg = shape.config(do_rotary=not args.no_rotary, dtype=canon_dtype(dt))
             itemsize = 2 if dt == "f16" else 4
             model_bytes = build_gqa_model(cfg, name=name).SerializeToString()
-            sessions = {(ep, t): _make_session(model_bytes, ep, t, args.isa)
+            sessions = {(ep, t): make_session(model_bytes, ep, t, {"isa": args.isa})
                         for ep in eps for t in threads}
             for batch in batches:
                 for context in contexts:
@@ -309,16 +274,15 @@ def run(args) -> int:
         if bar:
             bar.close()
 
-    probe_bandwidth()
-    bandwidth = {t: (max(v) if v else None) for t, v in bandwidth_runs.items()}
+    probe.probe()
+    bandwidth = probe.best()
     for p in points:
         bw = bandwidth.get(p.threads)
         p.pct_bw = 100.0 * p.gbs / bw if bw else None
 
     from .report import plot_gqa_latency, print_gqa_table
 
-    print("read bandwidth (max of the probes before/after): " + ", ".join(
-        f"{t} thr {bw:.1f} GB/s" if bw else f"{t} thr n/a" for t, bw in bandwidth.items()))
+    print("read bandwidth (max of the probes before/after): " + probe.describe())
     print_gqa_table(points)
     elapsed = time.time() - t_start
     print(f"({len(points)} points in {elapsed:.0f} s)")
@@ -327,10 +291,10 @@ def run(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
         meta = dict(
             command="hina-bench gqa", argv=sys.argv[1:], time=time.strftime("%Y-%m-%d %H:%M:%S"),
-            cpu=_cpu_name(), cores=cores, l3_bytes=l3, onnxruntime=ort.__version__,
-            hinamoe=hinamoe.__version__, tier=tier, isa=args.isa, rotary=not args.no_rotary,
+            cpu=cpu_name(), cores=cores, l3_bytes=l3, onnxruntime=ort.__version__,
+            hinamoe=__version__, tier=tier, isa=args.isa, rotary=not args.no_rotary,
             read_bandwidth_gbs={str(k): v for k, v in bandwidth.items()},
-            read_bandwidth_probes_gbs={str(k): v for k, v in bandwidth_runs.items()},
+            read_bandwidth_probes_gbs={str(k): v for k, v in probe.runs.items()},
             bandwidth_probe_bytes=bw_bytes, repeats=repeats, seed=args.seed, elapsed_s=elapsed,
             shapes={n: asdict(ATTENTION_SHAPES[n]) for n in names},
             notes=["gbs = K+V bytes read per step (2*B*kv_heads*context*head_dim*itemsize) / median time",

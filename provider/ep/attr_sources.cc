@@ -1,4 +1,4 @@
-#include "kernel_info_attrs.h"
+#include "attr_sources.h"
 
 namespace hinamoe_ep {
 
@@ -11,7 +11,25 @@ bool failed(OrtStatus* st) {
   return true;
 }
 
+template <class T>
+std::optional<T> node_attr(const Ort::ConstNode& node, const char* name) {
+  Ort::ConstOpAttr attr{nullptr};
+  Ort::Status st = node.GetAttributeByName(name, attr);
+  if (!st.IsOK() || attr == nullptr) return std::nullopt;
+  T value{};
+  if (!attr.GetValue(value).IsOK()) return std::nullopt;
+  return value;
+}
+
 }  // namespace
+
+AttrSource node_attrs(const Ort::ConstNode& node) {
+  return AttrSource{
+      [node](const char* n) { return node_attr<int64_t>(node, n); },
+      [node](const char* n) { return node_attr<float>(node, n); },
+      [node](const char* n) { return node_attr<std::string>(node, n); },
+  };
+}
 
 AttrSource kernel_info_attrs(const OrtKernelInfo* info) {
   AttrSource src;

@@ -1,0 +1,50 @@
+// What every HinaMoE kernel shares: the OrtKernelImpl wiring (Compute and
+// Release forwarded to the derived kernel), errors that name the op, node
+// and input, and ORT's intra-op pool as the kernels' thread pool.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ort_api.h"
+
+namespace hinamoe_ep {
+
+// "[2, 3, 4]", for error messages.
+std::string shape_str(const std::vector<int64_t>& s);
+
+// hinamoe::Parallel's pool callback: runs fn over the session's intra-op
+// pool; `pool` is the Ort::KernelContext of the running node.
+void ort_parallel_for(void* pool, size_t n, void (*fn)(void*, size_t), void* arg);
+
+// Derived supplies `OrtStatus* compute(OrtKernelContext*) const`; `op` is
+// the op type used in messages.
+template <class Derived>
+struct KernelBase : OrtKernelImpl {
+  const char* op;
+  std::string node_name;
+
+  explicit KernelBase(const char* op_type) : OrtKernelImpl{}, op(op_type) {
+    ort_version_supported = kApiVersion;
+    flags = 0;
+    Compute = ComputeImpl;
+    Release = ReleaseImpl;
+  }
+
+  // INVALID_ARGUMENT: "HinaMoE <op> node '<name>': input '<input>': <reason>".
+  OrtStatus* error(const std::string& input, const std::string& reason) const {
+    std::string msg = std::string("HinaMoE ") + op + " node '" + node_name + "'";
+    if (!input.empty()) msg += ": input '" + input + "'";
+    return make_status(ORT_INVALID_ARGUMENT, msg + ": " + reason);
+  }
+
+  static OrtStatus* ORT_API_CALL ComputeImpl(OrtKernelImpl* this_ptr, OrtKernelContext* context) noexcept {
+    HINA_API_BEGIN
+    return static_cast<const Derived*>(this_ptr)->compute(context);
+    HINA_API_END
+  }
+  static void ORT_API_CALL ReleaseImpl(OrtKernelImpl* this_ptr) noexcept { delete static_cast<Derived*>(this_ptr); }
+};
+
+}  // namespace hinamoe_ep

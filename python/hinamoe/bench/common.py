@@ -1,0 +1,117 @@
+"""What every hina-bench subcommand shares: list options, machine facts,
+sessions on HinaMoE or the CPU EP, and the read-bandwidth probe the
+results are measured against."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+L3_BYTES_DEFAULT = 32 * 2 ** 20
+
+
+def csv(kind):
+    """argparse type for a comma-separated list of `kind`."""
+    def parse(text: str):
+        items = [s.strip() for s in text.split(",") if s.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("empty list")
+        try:
+            return [kind(s) for s in items]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+    return parse
+
+
+def l3_bytes() -> int:
+    try:
+        base = Path("/sys/devices/system/cpu/cpu0/cache")
+        best = 0
+        for idx in base.glob("index*"):
+            level = int((idx / "level").read_text())
+            if level == 3:
+                size = (idx / "size").read_text().strip()
+                mult = {"K": 1024, "M": 2 ** 20}.get(size[-1], 1)
+                best = max(best, int(size.rstrip("KM")) * mult)
+        return best or L3_BYTES_DEFAULT
+    except Exception:
+        return L3_BYTES_DEFAULT
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def hinamoe_tier() -> str | None:
+    """Registers the EP and returns the tier it will use; on failure prints
+    why and returns None."""
+    try:
+        import hinamoe
+
+        hinamoe.register()
+        return hinamoe.best_tier()
+    except Exception as exc:  # noqa: BLE001
+        print(f"hina-bench: the HinaMoE EP is not usable: {exc}\n"
+              "  (build/install it, or pass --no-hinamoe to time the CPU EP alone)",
+              file=sys.stderr)
+        return None
+
+
+def make_session(model, ep: str, threads: int, hina_options: dict):
+    """A session on HinaMoE (CPU EP fallback disabled, so every node must be
+    ours) or on the CPU EP alone; `model` is a path or serialized bytes."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    if ep == "HinaMoE":
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        providers = [("HinaMoE", hina_options)]
+    else:
+        providers = ["CPUExecutionProvider"]
+    sess = ort.InferenceSession(model, so, providers=providers)
+    if ep == "HinaMoE" and sess.get_providers()[0] != "HinaMoE":
+        raise RuntimeError(f"HinaMoE not used: {sess.get_providers()}")
+    return sess
+
+
+class BandwidthProbe:
+    """Read bandwidth per thread count (the kernel library's AVX2 reader),
+    probed before and after a run; the larger value is used (another process
+    on the machine lowers a probe more than it raises one)."""
+
+    def __init__(self, threads: list[int], nbytes: int, repeats: int):
+        self.nbytes, self.repeats = nbytes, repeats
+        self.runs: dict[int, list[float]] = {t: [] for t in threads}
+        self.ok = True
+
+    def probe(self) -> None:
+        if not self.ok:
+            return
+        for t in self.runs:
+            try:
+                import hinamoe
+
+                self.runs[t].append(float(hinamoe.measure_read_bandwidth(
+                    threads=t, nbytes=self.nbytes, repeats=self.repeats)))
+            except Exception as exc:  # noqa: BLE001
+                print(f"note: read-bandwidth probe unavailable ({exc})", file=sys.stderr)
+                self.ok = False
+                return
+
+    def best(self) -> dict[int, float | None]:
+        return {t: (max(v) if v else None) for t, v in self.runs.items()}
+
+    def describe(self) -> str:
+        return ", ".join(f"{t} thr {bw:.1f} GB/s" if bw else f"{t} thr n/a" for t, bw in self.best().items())
