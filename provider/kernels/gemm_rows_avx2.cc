@@ -74,13 +74,31 @@ HINAMOE_AVX2_FN void micro(const typename Elem<DT>::T* w, int64_t K, int64_t ldw
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  // Prefetch, by the size of this call's block of R rows:
+  //  * contiguous and <= 48 KiB (short rows): the next block, as one linear
+  //    stream, as many bytes per step as this step consumes. Per-row
+  //    prefetch left each block's first lines cold: K = 768 bf16 streamed
+  //    20-40% slower. Into L1 up to 24 KiB, else into L2 (K = 2048: +4-11%);
+  //  * else per row, HINAMOE_PF_DIST bytes ahead, running on past the row's
+  //    end into the same row of the next block (the next micro call).
+  constexpr int64_t step_bytes = R * 8 * int64_t(sizeof(E));
+  const int64_t block_bytes = R * K * int64_t(sizeof(E));
+  const int lin = ldw != K || block_bytes > 48 * 1024 ? 0 : block_bytes > 24 * 1024 ? 2 : 1;
+  const char* next_block = reinterpret_cast<const char*>(w + R * ldw);
   const int64_t K8 = K & ~int64_t(7);
   for (int64_t k = 0; k < K8; k += 8) {
-    // One prefetch per 64-byte line of each row.
-    if (HINAMOE_PF_DIST > 0 && ((k * int64_t(sizeof(E))) & 63) == 0) {
+    if (lin != 0) {
+      const int64_t off = (k / 8) * step_bytes;
+      const char* pn = next_block + off;
+      // Steps under a line (R < 4 bf16/f16): once per line.
+      for (int64_t b = 0; b < step_bytes && (step_bytes >= 64 || (off & 63) < step_bytes); b += 64) {
+        if (lin == 1) _mm_prefetch(pn + b, _MM_HINT_T0);
+        else _mm_prefetch(pn + b, _MM_HINT_T1);
+      }
+    } else if (HINAMOE_PF_DIST > 0 && ((k * int64_t(sizeof(E))) & 63) == 0) {
+      const E* pf = k + kPf < K ? w + k + kPf : w + R * ldw + (k + kPf - K);
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + k + kPf), HINAMOE_PF_HINT);
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw), HINAMOE_PF_HINT);
     }
     __m256 wv[R];
 #pragma GCC unroll 8
