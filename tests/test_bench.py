@@ -51,11 +51,40 @@ def test_tiny_ffn_run(tmp_path, capsys):
     hina = [p for p in pts if p["ep"] == "HinaMoE"]
     assert all(p["speedup_vs_cpu_f32"] for p in hina)
     assert all(p["pct_bw"] for p in hina)
+    # %roof against the recorded probes, recomputed here from the JSON
+    bw, fma = res["meta"]["read_bandwidth_gbs"]["1"], res["meta"]["fma_peak_per_s"]["1"]
+    for p in pts:
+        size = 2 if p["dtype"] == "bf16" else 4
+        roof = min(bw, fma * size / p["tokens_per_expert"] / 1e9)
+        assert p["roof_gbs"] == pytest.approx(roof, rel=1e-9)
+        assert p["pct_roof"] == pytest.approx(100 * p["gbs"] / roof, rel=1e-9)
     f32 = [p for p in hina if p["dtype"] == "f32"]
     assert all(p["max_rel_diff_vs_cpu"] is not None and p["max_rel_diff_vs_cpu"] < 1e-3
                    for p in f32)
     assert (tmp_path / "latency.png").stat().st_size > 1000
     assert "qwen3-30b-a3b" in capsys.readouterr().out
+
+
+def test_roofline_bound():
+    from hinamoe.bench.common import roofline_gbs
+
+    # 2 cores x 50 G lane-FMA/s, 33 GB/s: bf16 is bandwidth-bound at 1 token
+    # per expert, FMA-bound from 4 on (100e9 * 2 / 8 = 25 GB/s at 8).
+    assert roofline_gbs(33.0, 100e9, 2, 1) == 33.0
+    assert roofline_gbs(33.0, 100e9, 2, 8) == pytest.approx(25.0)
+    assert roofline_gbs(33.0, 100e9, 4, 16) == pytest.approx(25.0)
+    assert roofline_gbs(33.0, None, 2, 16) == 33.0
+    assert roofline_gbs(None, 100e9, 2, 1) is None
+
+
+def test_fma_probe_is_physical():
+    import hinamoe
+
+    if hinamoe.best_tier() not in ("avx2", "amx"):
+        pytest.skip("needs AVX2/FMA")
+    r1 = hinamoe.measure_fma_peak(threads=1)
+    # >= 1 lane-FMA per ns; <= 32 lanes per cycle at 6 GHz
+    assert 1e9 < r1 < 32 * 6e9
 
 
 def test_ffn_numa_sim_runs_partitioned(tmp_path, capsys):

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "bandwidth.h"
+#include "fma_peak.h"
 #include "moe_ffn.h"
 #include "numa/topology.h"
 #include "thread_pool.h"
@@ -65,6 +66,14 @@ extern "C" {
 double hinamoe_read_bandwidth_gbs(size_t bytes, int threads, int repeats) {
   try {
     return read_bandwidth_gbs(bytes, threads, repeats);
+  } catch (...) {
+    return 0.0;
+  }
+}
+
+double hinamoe_fma_peak_per_s(int threads) {
+  try {
+    return fma_peak_per_s(threads);
   } catch (...) {
     return 0.0;
   }

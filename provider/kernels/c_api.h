@@ -20,6 +20,10 @@ extern "C" {
  * streamed by `threads` threads; 0 on allocation failure. */
 HINAMOE_API double hinamoe_read_bandwidth_gbs(size_t bytes, int threads, int repeats);
 
+/* Float lane-FMAs per second that `threads` threads reach together on
+   independent 256-bit FMA chains (the compute roofline); 0 without AVX2/FMA. */
+HINAMOE_API double hinamoe_fma_peak_per_s(int threads);
+
 /* Best tier this CPU runs ("avx2" or "ref"). Static string. */
 HINAMOE_API const char* hinamoe_best_tier(void);
 

@@ -1,6 +1,6 @@
 """ctypes bindings to libhinamoe_kernels.so, the operator library's C ABI
-(usable without ONNX Runtime: CPU tier detection, a read-bandwidth probe,
-the NUMA segment planner)."""
+(usable without ONNX Runtime: CPU tier detection, read-bandwidth and FMA-rate
+probes, the NUMA segment planner)."""
 from __future__ import annotations
 
 import ctypes
@@ -15,6 +15,8 @@ def _lib() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     lib.hinamoe_read_bandwidth_gbs.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
     lib.hinamoe_read_bandwidth_gbs.restype = ctypes.c_double
+    lib.hinamoe_fma_peak_per_s.argtypes = [ctypes.c_int]
+    lib.hinamoe_fma_peak_per_s.restype = ctypes.c_double
     lib.hinamoe_best_tier.argtypes = []
     lib.hinamoe_best_tier.restype = ctypes.c_char_p
     lib.hinamoe_tier_unavailable_reason.argtypes = [ctypes.c_char_p]
@@ -39,6 +41,17 @@ def measure_read_bandwidth(threads: int = 2, nbytes: int = 1 << 30, repeats: int
     if not gbs > 0:
         raise RuntimeError("read-bandwidth probe failed")
     return float(gbs)
+
+
+def measure_fma_peak(threads: int = 2) -> float:
+    """Float FMAs per second (counting each of the 8 lanes of a 256-bit FMA)
+    that `threads` threads reach together: the compute roofline. At n tokens
+    per expert, weights cannot stream faster than this / n elements per
+    second."""
+    rate = _lib().hinamoe_fma_peak_per_s(threads)
+    if not rate > 0:
+        raise RuntimeError("FMA-rate probe needs AVX2/FMA")
+    return float(rate)
 
 
 @dataclass(frozen=True)

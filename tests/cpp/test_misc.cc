@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "bandwidth.h"
+#include "fma_peak.h"
 #include "c_api.h"
 #include "moe_ffn.h"
 #include "test_util.h"
@@ -59,6 +60,22 @@ TEST(bandwidth_probe) {
   const double c = hinamoe_read_bandwidth_gbs(size_t(8) << 20, 1, 2);
   ht::check(std::isfinite(c) && c > 0, ht::fmt("C ABI probe returned %g GB/s", c));
   std::printf("  read bandwidth (32 MiB, 2 threads): %.1f GB/s\n", gbs);
+}
+
+TEST(fma_peak_probe) {
+  if (!tier_unavailable_reason("avx2").empty()) {
+    ht::check(fma_peak_per_s(1) == 0.0, "no AVX2: the FMA probe reports 0");
+    return;
+  }
+  // Physical bounds: at least 1 lane-FMA per ns per thread (any AVX2 core
+  // above 0.0625 GHz), at most 2 x 16 lanes per cycle at 6 GHz per thread.
+  for (int threads : {1, 2}) {
+    const double r = fma_peak_per_s(threads);
+    ht::check(r > 1e9 && r < threads * 32 * 6e9, ht::fmt("%d threads: %g lane-FMA/s", threads, r));
+    const double c = hinamoe_fma_peak_per_s(threads);
+    ht::check(c > 1e9 && c < threads * 32 * 6e9, ht::fmt("C ABI, %d threads: %g lane-FMA/s", threads, c));
+  }
+  std::printf("  FMA peak (1 thread): %.1f G lane-FMA/s\n", fma_peak_per_s(1) / 1e9);
 }
 
 namespace {

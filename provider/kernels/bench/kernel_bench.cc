@@ -26,9 +26,9 @@
 #include <string>
 #include <vector>
 
-#include <immintrin.h>
 
 #include "bandwidth.h"
+#include "fma_peak.h"
 #include "bench/bench_util.h"
 #include "moe_ffn.h"
 #include "numa/plan_cache.h"
@@ -70,29 +70,9 @@ struct Shape {
   int64_t H, I;
 };
 
-// Peak FMA rate of one core (lane-FMAs per second): 10 independent chains
-// hide the FMA latency, so this is the issue-rate roofline.
-__attribute__((target("avx2,fma"))) double fma_peak_per_core() {
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    __m256 b = _mm256_set1_ps(0.9999f), c = _mm256_set1_ps(1e-4f);
-    __m256 a0 = b, a1 = b, a2 = b, a3 = b, a4 = b, a5 = b, a6 = b, a7 = b, a8 = b, a9 = b;
-    const long n = 20000000;
-    const double t0 = now();
-    for (long i = 0; i < n; ++i) {
-#define HB_F(x) x = _mm256_fmadd_ps(x, b, c);
-      HB_F(a0) HB_F(a1) HB_F(a2) HB_F(a3) HB_F(a4) HB_F(a5) HB_F(a6) HB_F(a7) HB_F(a8) HB_F(a9)
-      __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6), "+x"(a7),
-                       "+x"(a8), "+x"(a9));
-    }
-    best = std::max(best, double(n) * 10 * 8 / (now() - t0));
-  }
-  return best;
-}
-
 // gemm_rows on one thread with W resident in L2: in-core efficiency vs the FMA peak.
 void bench_incache(const KernelTier& tier, const std::vector<DType>& dts, const std::vector<int64_t>& Ms) {
-  const double peak = fma_peak_per_core();
+  const double peak = fma_peak_per_s(1);
   std::printf("one core FMA peak %.1f G lane-FMA/s (%.2f GHz at 2 FMA/cycle)\n", peak / 1e9, peak / 16e9);
   std::printf("%-5s %4s %6s %12s %8s\n", "dtype", "M", "K", "G elem/s", "%peak");
   for (DType dt : dts) {

@@ -86,6 +86,47 @@ def make_session(model, ep: str, threads: int, hina_options: dict):
     return sess
 
 
+class FmaProbe:
+    """Float lane-FMA rate per thread count (hinamoe.measure_fma_peak), probed
+    before and after a run like BandwidthProbe; the larger value is used."""
+
+    def __init__(self, threads: list[int]):
+        self.runs: dict[int, list[float]] = {t: [] for t in threads}
+        self.ok = True
+
+    def probe(self) -> None:
+        if not self.ok:
+            return
+        import hinamoe
+
+        for t in self.runs:
+            try:
+                self.runs[t].append(float(hinamoe.measure_fma_peak(threads=t)))
+            except Exception as exc:  # noqa: BLE001
+                print(f"note: FMA-rate probe unavailable ({exc})", file=sys.stderr)
+                self.ok = False
+                return
+
+    def best(self) -> dict[int, float | None]:
+        return {t: (max(v) if v else None) for t, v in self.runs.items()}
+
+    def describe(self) -> str:
+        return ", ".join(f"{t} thr {r / 1e9:.1f} G lane-FMA/s" if r else f"{t} thr n/a"
+                         for t, r in self.best().items())
+
+
+def roofline_gbs(bandwidth_gbs: float | None, fma_per_s: float | None, bytes_per_weight: int,
+                 tokens_per_expert: int) -> float | None:
+    """The fastest a weight stream can run (GB/s of weights) at n tokens per
+    expert: each weight element takes n FMAs, so the stream is bound by the
+    read bandwidth and by FMA rate x bytes per weight / n, whichever is lower."""
+    if not bandwidth_gbs:
+        return None
+    if not fma_per_s:
+        return bandwidth_gbs
+    return min(bandwidth_gbs, fma_per_s * bytes_per_weight / tokens_per_expert / 1e9)
+
+
 class BandwidthProbe:
     """Read bandwidth per thread count (the kernel library's AVX2 reader),
     probed before and after a run; the larger value is used (another process

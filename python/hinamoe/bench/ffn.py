@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from .common import BandwidthProbe, cpu_name, csv, hinamoe_tier, l3_bytes, make_session
+from .common import BandwidthProbe, FmaProbe, cpu_name, csv, hinamoe_tier, l3_bytes, make_session, roofline_gbs
 
 NAME = "ffn"
 HELP = "time a single MoE FFN node at real expert shapes (HinaMoE vs ORT CPU EP)"
@@ -35,7 +35,11 @@ Reported per point: median latency (after warm-up), effective bandwidth
 = expert weight bytes touched / time (bytes in the model's dtype), that
 bandwidth as a % of the read bandwidth measured by
 hinamoe.measure_read_bandwidth(threads) in the same run (probed before and
-after the points; the larger value is used), and the speed-up
+after the points; the larger value is used), as a % of the roofline
+min(read bandwidth, FMA peak x bytes per weight / n) -- at n tokens per
+expert each weight takes n FMAs, so from a few tokens on the cores' FMA rate
+(hinamoe.measure_fma_peak(threads), probed likewise) bounds the stream --
+and the speed-up
 over ONNX Runtime's CPU EP on the same node (same dtype where the CPU EP has
 it, and always against the CPU EP running the f32 model). The CPU EP has no
 bf16 MoE, and converts f16 weights to f32 when the session is created.
@@ -123,6 +127,8 @@ class Point:
     times_ms: list = field(default_factory=list)
     gbs: float = 0.0
     pct_bw: float | None = None
+    roof_gbs: float | None = None  # min(read bandwidth, FMA peak x bytes per weight / n)
+    pct_roof: float | None = None
     speedup_vs_cpu_same: float | None = None
     speedup_vs_cpu_f32: float | None = None
     max_rel_diff_vs_cpu: float | None = None
@@ -229,10 +235,13 @@ def run(args) -> int:
     l3 = l3_bytes()
     probe = BandwidthProbe(threads, bw_bytes, repeats=3 if quick else 5)
     probe.probe()
+    fma = FmaProbe(threads)
+    fma.probe()
     print(f"machine: {cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
           f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa}"
           + (f", numa=fake:{args.numa_sim}" if args.numa_sim else "") + ")")
     print("read bandwidth (before): " + probe.describe())
+    print("FMA peak (before): " + fma.describe())
 
     # Which (dtype, EP) sessions per model: HinaMoE for --dtypes; CPU EP for f32
     # (always, as the baseline) and f16 when asked.
@@ -337,10 +346,14 @@ def run(args) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
     probe.probe()
+    fma.probe()
     bandwidth = probe.best()
     for p in points:
         bw = bandwidth.get(p.threads)
         p.pct_bw = 100.0 * p.gbs / bw if bw else None
+        p.roof_gbs = roofline_gbs(bw, fma.best().get(p.threads),
+                                  np_dtype(canon_dtype(p.dtype)).itemsize, p.tokens_per_expert)
+        p.pct_roof = 100.0 * p.gbs / p.roof_gbs if p.roof_gbs else None
     _fill_speedups(points)
     # the max_rel_diff is recorded on the second EP's point; copy to HinaMoE's
     for p in points:
@@ -354,6 +367,7 @@ def run(args) -> int:
     from .report import print_table, plot_latency
 
     print("read bandwidth (max of the probes before/after): " + probe.describe())
+    print("FMA peak (max of the probes before/after): " + fma.describe())
     print_table(points, bandwidth)
     elapsed = time.time() - t_start
     print(f"({len(points)} points in {elapsed:.0f} s)")
@@ -367,6 +381,7 @@ def run(args) -> int:
             tier=tier, isa=args.isa, numa_sim=args.numa_sim,
             read_bandwidth_gbs={str(k): v for k, v in bandwidth.items()},
             read_bandwidth_probes_gbs={str(k): v for k, v in probe.runs.items()},
+            fma_peak_per_s={str(k): v for k, v in fma.best().items()},
             bandwidth_probe_bytes=bw_bytes, repeats=repeats, seed=args.seed,
             layers=layers, elapsed_s=elapsed,
             notes=["gbs = active experts' weight bytes in the model dtype / median time",

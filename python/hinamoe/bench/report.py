@@ -12,7 +12,7 @@ def _fmt(v, spec, empty="-"):
 def print_table(points, bandwidth=None) -> None:
     """One row per point, grouped by model; speed-ups are CPU EP time / HinaMoE time."""
     head = (f"{'model':<16}{'dtype':>6}{'EP':>8}{'thr':>4}{'n/exp':>6}{'T':>4}"
-            f"{'ms':>10}{'GB/s':>8}{'%BW':>6}{'x CPU':>7}{'x CPUf32':>9}{'diff':>9}")
+            f"{'ms':>10}{'GB/s':>8}{'%BW':>6}{'%roof':>6}{'x CPU':>7}{'x CPUf32':>9}{'diff':>9}")
     print()
     print(head)
     print("-" * len(head))
@@ -27,11 +27,13 @@ def print_table(points, bandwidth=None) -> None:
         last = group
         print(f"{p.model:<16}{p.dtype:>6}{p.ep:>8}{p.threads:>4}{p.tokens_per_expert:>6}"
               f"{p.tokens:>4}{p.median_ms:>10.3f}{p.gbs:>8.1f}{_fmt(p.pct_bw, '.0f'):>6}"
+              f"{_fmt(p.pct_roof, '.0f'):>6}"
               f"{_fmt(p.speedup_vs_cpu_same, '.2f'):>7}{_fmt(p.speedup_vs_cpu_f32, '.2f'):>9}"
               f"{_fmt(p.max_rel_diff_vs_cpu, '.1e'):>9}")
     print()
     print("n/exp = tokens per active expert; T = tokens; GB/s = weight bytes touched (model "
-          "dtype) / median time;\n%BW = of the measured read bandwidth; x CPU = speed-up over "
+          "dtype) / median time;\n%BW = of the measured read bandwidth; %roof = of min(read bandwidth, "
+          "FMA peak x bytes per weight / n/exp); x CPU = speed-up over "
           "ORT's CPU EP on the same dtype, x CPUf32 = over the CPU EP's f32 model;\n"
           "diff = max |HinaMoE - CPU EP| / max |CPU EP| on the same inputs.")
 

@@ -1,0 +1,14 @@
+// Float FMA-rate probe: the compute roofline beside the bandwidth one. At n
+// tokens per expert every weight element takes n FMAs, so the weight stream
+// cannot run faster than (this rate / n) elements per second, whatever the
+// memory does.
+#pragma once
+
+namespace hinamoe {
+
+// Lane-FMAs per second (one 8-wide FMA = 8) that `threads` std::threads
+// reach together on independent 256-bit FMA chains (the issue-rate peak;
+// best of a few short rounds). 0 where AVX2/FMA is missing.
+double fma_peak_per_s(int threads);
+
+}  // namespace hinamoe
