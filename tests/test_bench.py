@@ -87,6 +87,27 @@ def test_fma_probe_is_physical():
     assert 1e9 < r1 < 32 * 6e9
 
 
+def test_other_load_sees_a_busy_neighbour():
+    """A child process spinning for ~0.6 s shows up as ~1 core of others'
+    load (this process's own CPU time is not counted)."""
+    import subprocess
+    import sys
+    import time
+
+    from hinamoe.bench.common import OtherLoad
+
+    load = OtherLoad()
+    if load.t0 is None:
+        pytest.skip("no /proc/stat")
+    spin = "import time\nt=time.time()\nwhile time.time()-t<0.6: pass"
+    subprocess.run([sys.executable, "-c", spin], check=True)
+    time.sleep(0.1)
+    used = load.cores_used()
+    assert used is not None and used > 0.5
+    assert "other processes" in OtherLoad.warning(used)
+    assert OtherLoad.warning(0.01) is None
+
+
 def test_ffn_numa_sim_runs_partitioned(tmp_path, capsys):
     """--numa-sim 4: HinaMoE runs under a simulated 4-node topology and still
     agrees with the CPU EP."""

@@ -86,6 +86,50 @@ def make_session(model, ep: str, threads: int, hina_options: dict):
     return sess
 
 
+class OtherLoad:
+    """CPU time that other processes used on this machine while a benchmark
+    ran, from /proc/stat (all CPUs' busy time) minus this process's own
+    (resource.getrusage): with 2 cores, one busy neighbour halves a
+    2-thread run and can leave a thread off-CPU for a whole time slice, so
+    numbers taken beside one are not the machine's. `cores_used()` is the
+    average number of cores the others kept busy; Linux only (None elsewhere)."""
+
+    def __init__(self):
+        self.t0 = self._sample()
+
+    @staticmethod
+    def _sample():
+        import os
+        import resource
+        import time
+
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(v) for v in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        tick = os.sysconf("SC_CLK_TCK")
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        busy = (sum(fields[:8]) - idle) / tick  # user..steal, seconds
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return time.monotonic(), busy, ru.ru_utime + ru.ru_stime
+
+    def cores_used(self) -> float | None:
+        t1 = self._sample()
+        if self.t0 is None or t1 is None or t1[0] <= self.t0[0]:
+            return None
+        others = (t1[1] - self.t0[1]) - (t1[2] - self.t0[2])
+        return max(0.0, others / (t1[0] - self.t0[0]))
+
+    @staticmethod
+    def warning(used: float | None, threshold: float = 0.15) -> str | None:
+        """A line for stderr when the others used `threshold` cores or more."""
+        if used is None or used < threshold:
+            return None
+        return (f"warning: other processes kept {used:.2f} cores busy during this run; "
+                "its timings are not this machine's (rerun on a quiet machine)")
+
+
 class FmaProbe:
     """Float lane-FMA rate per thread count (hinamoe.measure_fma_peak), probed
     before and after a run like BandwidthProbe; the larger value is used."""

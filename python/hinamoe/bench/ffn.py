@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from .common import BandwidthProbe, FmaProbe, cpu_name, csv, hinamoe_tier, l3_bytes, make_session, roofline_gbs
+from .common import BandwidthProbe, FmaProbe, OtherLoad, cpu_name, csv, hinamoe_tier, l3_bytes, make_session, roofline_gbs
 
 NAME = "ffn"
 HELP = "time a single MoE FFN node at real expert shapes (HinaMoE vs ORT CPU EP)"
@@ -233,6 +233,7 @@ def run(args) -> int:
             return 1
 
     l3 = l3_bytes()
+    load = OtherLoad()
     probe = BandwidthProbe(threads, bw_bytes, repeats=3 if quick else 5)
     probe.probe()
     fma = FmaProbe(threads)
@@ -371,6 +372,9 @@ def run(args) -> int:
     print_table(points, bandwidth)
     elapsed = time.time() - t_start
     print(f"({len(points)} points in {elapsed:.0f} s)")
+    others = load.cores_used()
+    if OtherLoad.warning(others):
+        print(OtherLoad.warning(others), file=sys.stderr)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -382,6 +386,7 @@ def run(args) -> int:
             read_bandwidth_gbs={str(k): v for k, v in bandwidth.items()},
             read_bandwidth_probes_gbs={str(k): v for k, v in probe.runs.items()},
             fma_peak_per_s={str(k): v for k, v in fma.best().items()},
+            other_processes_cores=others,
             bandwidth_probe_bytes=bw_bytes, repeats=repeats, seed=args.seed,
             layers=layers, elapsed_s=elapsed,
             notes=["gbs = active experts' weight bytes in the model dtype / median time",
