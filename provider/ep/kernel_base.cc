@@ -1,5 +1,6 @@
 #include "kernel_base.h"
 
+#include <atomic>
 #include <sstream>
 
 namespace hinamoe_ep {
@@ -13,7 +14,27 @@ std::string shape_str(const std::vector<int64_t>& s) {
 }
 
 void ort_parallel_for(void* pool, size_t n, void (*fn)(void*, size_t), void* arg) {
-  static_cast<const Ort::KernelContext*>(pool)->ParallelFor(fn, n, 0, arg);
+  const auto* ctx = static_cast<const Ort::KernelContext*>(pool);
+  // ORT cuts [0, total) into one static batch per thread. Its tasks here
+  // claim the items from a shared counter instead, so a thread that falls
+  // behind (another process on its core, slower pages) leaves its share to
+  // the others; a task that finds the counter spent returns at once.
+  struct Claim {
+    std::atomic<size_t> next{0};
+    size_t n;
+    void (*fn)(void*, size_t);
+    void* arg;
+  } claim;
+  claim.n = n;
+  claim.fn = fn;
+  claim.arg = arg;
+  auto task = [](void* a, size_t) {
+    auto* c = static_cast<Claim*>(a);
+    for (size_t i = c->next.fetch_add(1, std::memory_order_relaxed); i < c->n;
+         i = c->next.fetch_add(1, std::memory_order_relaxed))
+      c->fn(c->arg, i);
+  };
+  ctx->ParallelFor(task, n, 0, &claim);
 }
 
 }  // namespace hinamoe_ep

@@ -15,7 +15,8 @@ namespace hinamoe_ep {
 std::string shape_str(const std::vector<int64_t>& s);
 
 // hinamoe::Parallel's pool callback: runs fn over the session's intra-op
-// pool; `pool` is the Ort::KernelContext of the running node.
+// pool, items claimed dynamically (not ORT's static batches); `pool` is the
+// Ort::KernelContext of the running node.
 void ort_parallel_for(void* pool, size_t n, void (*fn)(void*, size_t), void* arg);
 
 // Derived supplies `OrtStatus* compute(OrtKernelContext*) const`; `op` is
