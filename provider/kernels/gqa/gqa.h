@@ -147,7 +147,8 @@ struct GqaChunkArgs {
 using GqaChunkFn = void (*)(const GqaChunkArgs& a);
 
 // Scratch floats one chunk call may use.
-inline int64_t gqa_chunk_scratch_floats(int64_t rows, int64_t keys) { return rows * keys + 64; }
+// Scratch floats one chunk call may use.
+inline int64_t gqa_chunk_scratch_floats(int64_t rows, int64_t keys) { return rows * keys + 256; }
 
 // A GQA tier: function pointers filled once (like KernelTier in tier.h).
 struct GqaTier {
@@ -155,6 +156,17 @@ struct GqaTier {
   GqaChunkFn chunk = nullptr;      // K/V float
   GqaChunkFn chunk_f16 = nullptr;  // K/V IEEE half (uint16_t bits)
 };
+
+// Knobs of the AVX2 kernel for A/B runs of the micro-benchmark only
+// (defaults are the tuned values; nothing else sets them).
+struct GqaAvx2Knobs {
+  int lanes = 1;               // 8-row lanes kernel for blocks of >= 8 rows (2: only read K/V, for tests of the memory path)
+  int64_t prefetch_keys = 64;  // lanes kernel: software prefetch distance (0: none)
+  int prefetch_hint = 0;       // 0: T0, 1: T1, 2: T2, 3: NTA
+  int64_t block_keys = 16;     // lanes kernel: keys per block (<= 16)
+  bool prefetch_burst = false;  // lanes kernel: a block's prefetches all at its start
+};
+GqaAvx2Knobs& gqa_avx2_knobs();
 
 const GqaTier& gqa_ref_tier();
 const GqaTier& gqa_avx2_tier();  // only where tier_unavailable_reason("avx2") is ""
