@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
     if (f.size() > 2) k.prefetch_hint = std::atoi(f[2].c_str());
     if (f.size() > 3) k.block_keys = std::atoll(f[3].c_str());
     if (f.size() > 4) k.prefetch_burst = std::atoi(f[4].c_str()) != 0;
+    if (f.size() > 5) k.prefetch_spread = std::atoi(f[5].c_str()) != 0;
     knobs.push_back(k);
     knob_names.push_back(v);
   }

@@ -165,6 +165,7 @@ struct GqaAvx2Knobs {
   int prefetch_hint = 0;       // 0: T0, 1: T1, 2: T2, 3: NTA
   int64_t block_keys = 16;     // lanes kernel: keys per block (<= 16)
   bool prefetch_burst = false;  // lanes kernel: a block's prefetches all at its start
+  bool prefetch_spread = false;  // lanes kernel: prefetches spread over both row halves
 };
 GqaAvx2Knobs& gqa_avx2_knobs();
 

@@ -207,13 +207,13 @@ struct PrefetchRun {
 // 64 bytes of each key row when run is set.
 template <DType DT, int KB>
 HINAMOE_AVX2_INLINE void lane_scores(const float* q, int64_t d, const typename Elem<DT>::T* k, int64_t kv_stride,
-                                     float* sp, PrefetchRun* run) {
+                                     float* sp, PrefetchRun* run, int64_t pf_every) {
   using E = typename Elem<DT>::T;
   __m256 s[4][KB];
   for (int r = 0; r < 4; ++r)
     for (int kk = 0; kk < KB; ++kk) s[r][kk] = _mm256_setzero_ps();
   for (int64_t c = 0; c < d; c += 8) {
-    if (run && (c * int64_t(sizeof(E))) % 64 == 0)
+    if (run && (c * int64_t(sizeof(E))) % pf_every == 0)
       for (int kk = 0; kk < KB; ++kk) run->next();
     __m256 kv[KB];
     for (int kk = 0; kk < KB; ++kk) kv[kk] = load8<DT>(k + kk * kv_stride + c);
@@ -231,25 +231,26 @@ HINAMOE_AVX2_INLINE void lane_scores(const float* q, int64_t d, const typename E
 // Scores of nk keys for 4 rows: 3 keys at a time, then 2 / 1.
 template <DType DT>
 HINAMOE_AVX2_INLINE void lane_scores_block(const float* q, int64_t d, const typename Elem<DT>::T* k,
-                                           int64_t kv_stride, int64_t nk, float* sp, PrefetchRun* run) {
+                                           int64_t kv_stride, int64_t nk, float* sp, PrefetchRun* run,
+                                           int64_t pf_every) {
   int64_t j = 0;
-  for (; j + 3 <= nk; j += 3) lane_scores<DT, 3>(q, d, k + j * kv_stride, kv_stride, sp + j * 8, run);
-  if (nk - j == 2) lane_scores<DT, 2>(q, d, k + j * kv_stride, kv_stride, sp + j * 8, run);
-  if (nk - j == 1) lane_scores<DT, 1>(q, d, k + j * kv_stride, kv_stride, sp + j * 8, run);
+  for (; j + 3 <= nk; j += 3) lane_scores<DT, 3>(q, d, k + j * kv_stride, kv_stride, sp + j * 8, run, pf_every);
+  if (nk - j == 2) lane_scores<DT, 2>(q, d, k + j * kv_stride, kv_stride, sp + j * 8, run, pf_every);
+  if (nk - j == 1) lane_scores<DT, 1>(q, d, k + j * kv_stride, kv_stride, sp + j * 8, run, pf_every);
 }
 
 // acc[i*d + c + :8*NV] += sum_j p[j*8 + i] * v_j[c + :8*NV] for rows i in
 // [0, 4): 4 x NV accumulators; one line of `run` per key when run is set.
 template <DType DT, int NV>
 HINAMOE_AVX2_INLINE void lane_pv_strip(const float* p, const typename Elem<DT>::T* v, int64_t kv_stride, int64_t nk,
-                                       int64_t c, float* acc, int64_t d, PrefetchRun* run) {
+                                       int64_t c, float* acc, int64_t d, PrefetchRun* run, int64_t pf_mask) {
   using E = typename Elem<DT>::T;
   __m256 a[4][NV];
   for (int r = 0; r < 4; ++r)
     for (int i = 0; i < NV; ++i) a[r][i] = _mm256_loadu_ps(acc + r * d + c + 8 * i);
   const E* vj = v + c;
   for (int64_t j = 0; j < nk; ++j, vj += kv_stride, p += 8) {
-    if (run) run->next();
+    if (run && (j & pf_mask) == 0) run->next();
     __m256 x[NV];
     for (int i = 0; i < NV; ++i) x[i] = load8<DT>(vj + 8 * i);
     for (int r = 0; r < 4; ++r) {
@@ -265,19 +266,21 @@ HINAMOE_AVX2_INLINE void lane_pv_strip(const float* p, const typename Elem<DT>::
 // strips of 24 columns, then 16 / 8.
 template <DType DT>
 HINAMOE_AVX2_INLINE void lane_pv_rows4(const float* p, const typename Elem<DT>::T* v, int64_t kv_stride, int64_t nk,
-                                       int64_t d, float* acc, PrefetchRun* run) {
+                                       int64_t d, float* acc, PrefetchRun* run, int64_t pf_mask) {
   int64_t c = 0;
-  for (; d - c >= 24 && d - c != 32; c += 24) lane_pv_strip<DT, 3>(p, v, kv_stride, nk, c, acc, d, run);
-  for (; d - c >= 16; c += 16) lane_pv_strip<DT, 2>(p, v, kv_stride, nk, c, acc, d, run);
-  if (c < d) lane_pv_strip<DT, 1>(p, v, kv_stride, nk, c, acc, d, run);
+  for (; d - c >= 24 && d - c != 32; c += 24) lane_pv_strip<DT, 3>(p, v, kv_stride, nk, c, acc, d, run, pf_mask);
+  for (; d - c >= 16; c += 16) lane_pv_strip<DT, 2>(p, v, kv_stride, nk, c, acc, d, run, pf_mask);
+  if (c < d) lane_pv_strip<DT, 1>(p, v, kv_stride, nk, c, acc, d, run, pf_mask);
 }
 
-// Rows [r0, r0 + 8*groups) of the chunk against keys [k0, k1), 8 rows (one
-// group) per vector. scratch: 8*kLaneKeys floats (a block's scores/weights).
-template <DType DT>
+// Rows [r0, r0 + R*groups) of the chunk against keys [k0, k1), R = 8 or 4
+// rows (one group) per vector (R = 4 leaves lanes 4..7 unused). sp:
+// 8*kLaneKeys floats (a block's scores, then weights, as [key][8]).
+template <DType DT, int R>
 HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t groups, float* sp) {
+  static_assert(R == 8 || R == 4, "lane groups are 8 or 4 rows");
   using E = typename Elem<DT>::T;
-  const int64_t d = a.d, nrows = 8 * groups;
+  const int64_t d = a.d, nrows = R * groups;
   int64_t j0 = a.k1, j1 = a.k0, all_lo = a.k0, all_hi = a.k1;
   for (int64_t r = r0; r < r0 + nrows; ++r) {
     j0 = std::min(j0, std::max(a.k0, a.lo[r]));
@@ -288,10 +291,14 @@ HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t grou
   if (j0 >= j1) return;
   const bool exact = a.softcap > 0.0f || a.bias != nullptr;  // per-element work on the scores
   const int64_t es = int64_t(sizeof(E)), row_bytes = d * es, stride_bytes = a.kv_stride * es;
-  const int64_t pf = gqa_avx2_knobs().prefetch_keys * stride_bytes;  // bytes ahead
+  const GqaAvx2Knobs& knobs = gqa_avx2_knobs();
+  const int64_t pf = knobs.prefetch_keys * stride_bytes;  // bytes ahead
+  const bool spread = knobs.prefetch_spread && R == 8;
   const __m256 neg_inf = _mm256_set1_ps(kNegInf);
+  // The per-row state m, l: R floats each.
+  const __m256i lanes = R == 8 ? _mm256_set1_epi32(-1) : _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
 
-  const int64_t bk = std::max<int64_t>(1, std::min(kLaneKeys, gqa_avx2_knobs().block_keys));
+  const int64_t bk = std::max<int64_t>(1, std::min(kLaneKeys, knobs.block_keys));
   for (int64_t jb = j0; jb < j1; jb += bk) {
     const int64_t nb = std::min(bk, j1 - jb);
     const E* kb = static_cast<const E*>(a.k) + jb * a.kv_stride;
@@ -304,19 +311,20 @@ HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t grou
       pfk.end = pfk.p + span;
       pfv.p = reinterpret_cast<const char*>(vb) + pf;
       pfv.end = pfv.p + span;
-      if (gqa_avx2_knobs().prefetch_burst) {
+      if (knobs.prefetch_burst) {
         pfk.rest();
         pfv.rest();
       }
     }
     const bool masked = jb < all_lo || jb + nb > all_hi;
     for (int64_t g = 0; g < groups; ++g) {
-      const int64_t rg = r0 + g * 8;
+      const int64_t rg = r0 + g * R;
       const float* q = a.q + rg * d;
-      lane_scores_block<DT>(q, d, kb, a.kv_stride, nb, sp, g == 0 ? &pfk : nullptr);
-      lane_scores_block<DT>(q + 4 * d, d, kb, a.kv_stride, nb, sp + 4, nullptr);
+      lane_scores_block<DT>(q, d, kb, a.kv_stride, nb, sp, g == 0 ? &pfk : nullptr, spread ? 128 : 64);
+      if (R == 8)
+        lane_scores_block<DT>(q + 4 * d, d, kb, a.kv_stride, nb, sp + 4, g == 0 && spread ? &pfk : nullptr, 128);
       if (exact || masked) {
-        for (int64_t i = 0; i < 8; ++i) {
+        for (int64_t i = 0; i < R; ++i) {
           const int64_t lo = a.lo[rg + i], hi = a.hi[rg + i];
           for (int64_t kk = 0; kk < nb; ++kk) {
             const int64_t j = jb + kk;
@@ -331,26 +339,26 @@ HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t grou
         }
       }
       // Online softmax on whole vectors: new max, rescale, weights.
-      const __m256 m_old = _mm256_loadu_ps(a.m + rg);
+      const __m256 m_old = _mm256_maskload_ps(a.m + rg, lanes);
       __m256 bm = neg_inf;
       for (int64_t kk = 0; kk < nb; ++kk) bm = _mm256_max_ps(bm, _mm256_loadu_ps(sp + kk * 8));
       const __m256 m_new = _mm256_max_ps(m_old, bm);
-      __m256 l = _mm256_loadu_ps(a.l + rg);
+      __m256 l = _mm256_maskload_ps(a.l + rg, lanes);
       const __m256 up = _mm256_cmp_ps(m_new, m_old, _CMP_GT_OQ);
-      if (_mm256_movemask_ps(up) != 0) {
+      if ((_mm256_movemask_ps(up) & ((1 << R) - 1)) != 0) {
         // Rows whose max rose: acc and l scale by exp(m_old - m_new) (0 when
         // m_old is -inf: they are 0 then anyway).
         const __m256 f = _mm256_blendv_ps(_mm256_set1_ps(1.0f), exp_nonpos(_mm256_sub_ps(m_old, m_new)), up);
         l = _mm256_mul_ps(l, f);
         alignas(32) float fr[8];
         _mm256_store_ps(fr, f);
-        for (int64_t i = 0; i < 8; ++i) {
+        for (int64_t i = 0; i < R; ++i) {
           if (fr[i] == 1.0f) continue;
           float* acc = a.acc + (rg + i) * d;
           const __m256 fv = _mm256_set1_ps(fr[i]);
           for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(acc + c, _mm256_mul_ps(fv, _mm256_loadu_ps(acc + c)));
         }
-        _mm256_storeu_ps(a.m + rg, m_new);
+        _mm256_maskstore_ps(a.m + rg, lanes, m_new);
       }
       // Rows that saw only -inf so far subtract 0: their weights stay 0.
       const __m256 msub = _mm256_blendv_ps(m_new, _mm256_setzero_ps(), _mm256_cmp_ps(m_new, neg_inf, _CMP_EQ_OQ));
@@ -359,9 +367,10 @@ HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t grou
         _mm256_storeu_ps(sp + kk * 8, e);
         l = _mm256_add_ps(l, e);
       }
-      _mm256_storeu_ps(a.l + rg, l);
-      lane_pv_rows4<DT>(sp, vb, a.kv_stride, nb, d, a.acc + rg * d, g == 0 ? &pfv : nullptr);
-      lane_pv_rows4<DT>(sp + 4, vb, a.kv_stride, nb, d, a.acc + (rg + 4) * d, nullptr);
+      _mm256_maskstore_ps(a.l + rg, lanes, l);
+      lane_pv_rows4<DT>(sp, vb, a.kv_stride, nb, d, a.acc + rg * d, g == 0 ? &pfv : nullptr, spread ? 1 : 0);
+      if (R == 8)
+        lane_pv_rows4<DT>(sp + 4, vb, a.kv_stride, nb, d, a.acc + (rg + 4) * d, g == 0 && spread ? &pfv : nullptr, 1);
       if (g == 0) {
         pfk.rest();
         pfv.rest();
@@ -465,6 +474,8 @@ HINAMOE_AVX2_FN void chunk_rows(const GqaChunkArgs& a) {
   }
 }
 
+// The chunk's rows in blocks: groups of 8 rows, then one of 4, then the
+// last 0..3 rows with the row kernel.
 template <DType DT>
 HINAMOE_AVX2_FN void chunk_avx2(const GqaChunkArgs& a) {
   if (gqa_avx2_knobs().lanes == 2) {
@@ -479,11 +490,13 @@ HINAMOE_AVX2_FN void chunk_avx2(const GqaChunkArgs& a) {
     a.acc[0] += hsum(t);
     return;
   }
-  if (!gqa_avx2_knobs().lanes || a.rows < 8) return chunk_rows<DT>(a);
-  const int64_t groups = a.rows / 8, done = groups * 8;
-  chunk_lanes<DT>(a, 0, groups, a.scratch);
+  if (!gqa_avx2_knobs().lanes || a.rows < 4) return chunk_rows<DT>(a);
+  const int64_t g8 = a.rows / 8, g4 = (a.rows % 8) / 4;
+  if (g8 > 0) chunk_lanes<DT, 8>(a, 0, g8, a.scratch);
+  if (g4 > 0) chunk_lanes<DT, 4>(a, 8 * g8, 1, a.scratch);
+  const int64_t done = 8 * g8 + 4 * g4;
   if (done == a.rows) return;
-  GqaChunkArgs rest = a;  // the last rows % 8 rows
+  GqaChunkArgs rest = a;  // the last rows % 4 rows
   rest.q = a.q + done * a.d;
   rest.rows = a.rows - done;
   rest.lo = a.lo + done;
