@@ -174,7 +174,7 @@ HINAMOE_AVX2_INLINE void pv_block(const float* p, int64_t ld, const typename Ele
 // P*V. One pass over K and V instead of three, so the reads stream under the
 // FMAs. (Scores as broadcast(k[c]) * q^T[c] -- no reductions at all -- ran
 // at 1/3 of the FMA rate on Zen 3: its broadcasts from memory bound it.)
-constexpr int64_t kLaneKeys = 16;  // keys per block: scores, softmax, P*V
+constexpr int64_t kLaneKeys = 24;  // keys per block, at most: scores, softmax, P*V
 
 HINAMOE_AVX2_INLINE void pf_line(const char* p) {
   switch (gqa_avx2_knobs().prefetch_hint) {
@@ -213,7 +213,7 @@ HINAMOE_AVX2_INLINE void lane_scores(const float* q, int64_t d, const typename E
   for (int r = 0; r < 4; ++r)
     for (int kk = 0; kk < KB; ++kk) s[r][kk] = _mm256_setzero_ps();
   for (int64_t c = 0; c < d; c += 8) {
-    if (run && (c * int64_t(sizeof(E))) % pf_every == 0)
+    if (run && ((c * int64_t(sizeof(E))) & (pf_every - 1)) == 0)  // pf_every: a power of 2
       for (int kk = 0; kk < KB; ++kk) run->next();
     __m256 kv[KB];
     for (int kk = 0; kk < KB; ++kk) kv[kk] = load8<DT>(k + kk * kv_stride + c);
@@ -228,15 +228,17 @@ HINAMOE_AVX2_INLINE void lane_scores(const float* q, int64_t d, const typename E
   }
 }
 
-// Scores of nk keys for 4 rows: 3 keys at a time, then 2 / 1.
+// Scores of nk keys for 4 rows: 3 keys at a time, then 2 / 1 (a last 4 as
+// 2 + 2: one key alone has too few FMA chains to hide their latency).
 template <DType DT>
 HINAMOE_AVX2_INLINE void lane_scores_block(const float* q, int64_t d, const typename Elem<DT>::T* k,
                                            int64_t kv_stride, int64_t nk, float* sp, PrefetchRun* run,
                                            int64_t pf_every) {
+  const int64_t triples = nk % 3 == 1 && nk >= 4 ? (nk - 4) / 3 : nk / 3;
   int64_t j = 0;
-  for (; j + 3 <= nk; j += 3) lane_scores<DT, 3>(q, d, k + j * kv_stride, kv_stride, sp + j * 8, run, pf_every);
-  if (nk - j == 2) lane_scores<DT, 2>(q, d, k + j * kv_stride, kv_stride, sp + j * 8, run, pf_every);
-  if (nk - j == 1) lane_scores<DT, 1>(q, d, k + j * kv_stride, kv_stride, sp + j * 8, run, pf_every);
+  for (; j < 3 * triples; j += 3) lane_scores<DT, 3>(q, d, k + j * kv_stride, kv_stride, sp + j * 8, run, pf_every);
+  for (; j + 2 <= nk; j += 2) lane_scores<DT, 2>(q, d, k + j * kv_stride, kv_stride, sp + j * 8, run, pf_every);
+  if (j < nk) lane_scores<DT, 1>(q, d, k + j * kv_stride, kv_stride, sp + j * 8, run, pf_every);
 }
 
 // acc[i*d + c + :8*NV] += sum_j p[j*8 + i] * v_j[c + :8*NV] for rows i in
