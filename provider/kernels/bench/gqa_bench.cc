@@ -34,14 +34,6 @@ namespace {
 using bench::now;
 using bench::split;
 
-std::vector<std::string> split_on(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t a = 0;
-  for (size_t b; (b = s.find(sep, a)) != std::string::npos; a = b + 1) out.push_back(s.substr(a, b - a));
-  out.push_back(s.substr(a));
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,14 +75,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> knob_names;
   for (const std::string& v : split(variants)) {
     GqaAvx2Knobs k;
-    k.lanes = std::atoi(v.c_str());
-    // lanes/prefetch keys/hint/block keys
-    const auto f = split_on(v, '/');
-    if (f.size() > 1) k.prefetch_keys = std::atoll(f[1].c_str());
-    if (f.size() > 2) k.prefetch_hint = std::atoi(f[2].c_str());
-    if (f.size() > 3) k.block_keys = std::atoll(f[3].c_str());
-    if (f.size() > 4) k.prefetch_burst = std::atoi(f[4].c_str()) != 0;
-    if (f.size() > 5) k.prefetch_spread = std::atoi(f[5].c_str()) != 0;
+    k.lanes = std::atoi(v.c_str()) != 0;
+    if (v.find('/') != std::string::npos) k.prefetch_keys = std::atoll(v.substr(v.find('/') + 1).c_str());
     knobs.push_back(k);
     knob_names.push_back(v);
   }

@@ -160,12 +160,8 @@ struct GqaTier {
 // Knobs of the AVX2 kernel for A/B runs of the micro-benchmark only
 // (defaults are the tuned values; nothing else sets them).
 struct GqaAvx2Knobs {
-  int lanes = 1;               // 8-row lanes kernel for blocks of >= 8 rows (2: only read K/V, for tests of the memory path)
-  int64_t prefetch_keys = 64;  // lanes kernel: software prefetch distance (0: none)
-  int prefetch_hint = 0;       // 0: T0, 1: T1, 2: T2, 3: NTA
-  int64_t block_keys = 16;     // lanes kernel: keys per block (<= 16)
-  bool prefetch_burst = false;  // lanes kernel: a block's prefetches all at its start
-  bool prefetch_spread = false;  // lanes kernel: prefetches spread over both row halves
+  bool lanes = true;           // lanes kernel for blocks of >= 4 rows (false: the row kernel)
+  int64_t prefetch_keys = 32;  // lanes kernel: software prefetch distance in keys (0: none)
 };
 GqaAvx2Knobs& gqa_avx2_knobs();
 

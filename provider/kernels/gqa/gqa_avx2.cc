@@ -174,16 +174,10 @@ HINAMOE_AVX2_INLINE void pv_block(const float* p, int64_t ld, const typename Ele
 // P*V. One pass over K and V instead of three, so the reads stream under the
 // FMAs. (Scores as broadcast(k[c]) * q^T[c] -- no reductions at all -- ran
 // at 1/3 of the FMA rate on Zen 3: its broadcasts from memory bound it.)
-constexpr int64_t kLaneKeys = 24;  // keys per block, at most: scores, softmax, P*V
+constexpr int64_t kLaneKeys = 16;  // keys per block: scores, softmax, P*V (12..24 measured alike)
 
-HINAMOE_AVX2_INLINE void pf_line(const char* p) {
-  switch (gqa_avx2_knobs().prefetch_hint) {
-    case 1: _mm_prefetch(p, _MM_HINT_T1); break;
-    case 2: _mm_prefetch(p, _MM_HINT_T2); break;
-    case 3: _mm_prefetch(p, _MM_HINT_NTA); break;
-    default: _mm_prefetch(p, _MM_HINT_T0); break;
-  }
-}
+// Software prefetch into L1 (T1 / NTA hints measured no different).
+HINAMOE_AVX2_INLINE void pf_line(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
 
 // A run of bytes to prefetch in address order, one line per next(): the
 // L2 stream prefetcher follows an ascending run of requests and goes on
@@ -293,16 +287,17 @@ HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t grou
   if (j0 >= j1) return;
   const bool exact = a.softcap > 0.0f || a.bias != nullptr;  // per-element work on the scores
   const int64_t es = int64_t(sizeof(E)), row_bytes = d * es, stride_bytes = a.kv_stride * es;
-  const GqaAvx2Knobs& knobs = gqa_avx2_knobs();
-  const int64_t pf = knobs.prefetch_keys * stride_bytes;  // bytes ahead
-  const bool spread = knobs.prefetch_spread && R == 8;
+  const int64_t pf = gqa_avx2_knobs().prefetch_keys * stride_bytes;  // bytes ahead
+  // With two 4-row halves, each half issues half of the block's prefetches:
+  // evenly spread requests kept the reads streaming under the FMAs (bunched
+  // ones stalled them).
+  const bool spread = R == 8;
   const __m256 neg_inf = _mm256_set1_ps(kNegInf);
   // The per-row state m, l: R floats each.
   const __m256i lanes = R == 8 ? _mm256_set1_epi32(-1) : _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
 
-  const int64_t bk = std::max<int64_t>(1, std::min(kLaneKeys, knobs.block_keys));
-  for (int64_t jb = j0; jb < j1; jb += bk) {
-    const int64_t nb = std::min(bk, j1 - jb);
+  for (int64_t jb = j0; jb < j1; jb += kLaneKeys) {
+    const int64_t nb = std::min(kLaneKeys, j1 - jb);
     const E* kb = static_cast<const E*>(a.k) + jb * a.kv_stride;
     const E* vb = static_cast<const E*>(a.v) + jb * a.kv_stride;
     // The block's K and V rows `pf` bytes on, in address order.
@@ -313,10 +308,6 @@ HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t grou
       pfk.end = pfk.p + span;
       pfv.p = reinterpret_cast<const char*>(vb) + pf;
       pfv.end = pfv.p + span;
-      if (knobs.prefetch_burst) {
-        pfk.rest();
-        pfv.rest();
-      }
     }
     const bool masked = jb < all_lo || jb + nb > all_hi;
     for (int64_t g = 0; g < groups; ++g) {
@@ -480,18 +471,6 @@ HINAMOE_AVX2_FN void chunk_rows(const GqaChunkArgs& a) {
 // last 0..3 rows with the row kernel.
 template <DType DT>
 HINAMOE_AVX2_FN void chunk_avx2(const GqaChunkArgs& a) {
-  if (gqa_avx2_knobs().lanes == 2) {
-    using E = typename Elem<DT>::T;
-    __m256 t = _mm256_setzero_ps();
-    const int64_t n = a.d * int64_t(sizeof(E)) / 4;
-    for (int64_t j = a.k0; j < a.k1; ++j) {
-      const float* kr = reinterpret_cast<const float*>(static_cast<const E*>(a.k) + j * a.kv_stride);
-      const float* vr = reinterpret_cast<const float*>(static_cast<const E*>(a.v) + j * a.kv_stride);
-      for (int64_t c = 0; c < n; c += 8) t = _mm256_add_ps(t, _mm256_add_ps(_mm256_loadu_ps(kr + c), _mm256_loadu_ps(vr + c)));
-    }
-    a.acc[0] += hsum(t);
-    return;
-  }
   if (!gqa_avx2_knobs().lanes || a.rows < 4) return chunk_rows<DT>(a);
   const int64_t g8 = a.rows / 8, g4 = (a.rows % 8) / 4;
   if (g8 > 0) chunk_lanes<DT, 8>(a, 0, g8, a.scratch);
