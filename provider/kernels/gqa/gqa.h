@@ -157,8 +157,10 @@ struct GqaTier {
   GqaChunkFn chunk_f16 = nullptr;  // K/V IEEE half (uint16_t bits)
 };
 
-// Knobs of the AVX2 kernel for A/B runs of the micro-benchmark only
-// (defaults are the tuned values; nothing else sets them).
+// Knobs of the AVX2 kernel for A/B runs of the micro-benchmark
+// (hinamoe_gqa_bench --variants) only: the defaults are the tuned values and
+// nothing else sets them (they are read while gqa() runs, so never change
+// them during a call).
 struct GqaAvx2Knobs {
   bool lanes = true;           // lanes kernel for blocks of >= 4 rows (false: the row kernel)
   int64_t prefetch_keys = 32;  // lanes kernel: software prefetch distance in keys (0: none)

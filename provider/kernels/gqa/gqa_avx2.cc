@@ -1,8 +1,13 @@
-// The AVX2 GQA chunk kernel. The query rows of a block (the G heads sharing
+// The AVX2 GQA chunk kernels. The query rows of a block (the G heads sharing
 // this KV head, times the tile's tokens) are scored against each key row
-// while it is in cache -- scores = Q_block * K^T with 4 rows x 2 keys of
-// accumulators -- and P * V runs with 4 rows x 16 columns of accumulators,
-// so every K and V row is read from memory once for all G heads.
+// while it is in cache, so every K and V row is read from memory once for
+// all G heads. Two kernels:
+// * lanes (blocks of >= 4 rows, so G >= 4 at decode): rows in groups of 8
+//   (or 4), keys in blocks of 16 that are finished -- scores, online
+//   softmax with one vector per key for the group's rows, P*V -- before the
+//   next block is read, with software prefetch in address order;
+// * rows (the last 1..3 rows): scores of the whole piece, softmax row by
+//   row, then P*V -- three passes over the piece.
 //
 // Only functions with HINAMOE_AVX2 carry target("avx2,fma"); the file is
 // built for baseline x86-64 (see gemm_rows_avx2.cc).
@@ -295,6 +300,7 @@ HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t grou
   const __m256 neg_inf = _mm256_set1_ps(kNegInf);
   // The per-row state m, l: R floats each.
   const __m256i lanes = R == 8 ? _mm256_set1_epi32(-1) : _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
+  if (R == 4) std::fill(sp, sp + 8 * kLaneKeys, 0.0f);  // lanes 4..7: finite, never used
 
   for (int64_t jb = j0; jb < j1; jb += kLaneKeys) {
     const int64_t nb = std::min(kLaneKeys, j1 - jb);
