@@ -163,7 +163,7 @@ struct GqaTier {
 // them during a call).
 struct GqaAvx2Knobs {
   bool lanes = true;           // lanes kernel for blocks of >= 4 rows (false: the row kernel)
-  int64_t prefetch_keys = 32;  // lanes kernel: software prefetch distance in keys (0: none)
+  int64_t prefetch_keys = 16;  // lanes kernel: software prefetch distance in keys (0: none)
 };
 GqaAvx2Knobs& gqa_avx2_knobs();
 
