@@ -6,11 +6,14 @@
 //                     [--dtype f32,f16] [--variants lanes/pf,...]
 //
 // One decode step (S = 1) per call on a shared KV buffer of capacity ctx + 1,
-// every row at context ctx, with K/V (and all other tensors) of each --dtype. Reports the best time over repeated calls, the
-// K+V bytes read per second, and their share of the measured read bandwidth.
-// --variants (A/B runs of the AVX2 kernel's knobs, e.g. 0/64,1/64,1/0:
-// lanes kernel off/on / prefetch keys) alternates the variants call by call
-// and reports each one's best and median.
+// every row at context ctx, with K/V (and all other tensors) of each
+// --dtype. Reports the best and median time over repeated calls, the K+V
+// bytes read per second (at the best time), and their share of the read
+// bandwidth probed at the start.
+// --variants (A/B runs of the AVX2 kernel's knobs: "lanes/prefetch keys",
+// e.g. 0,1/16,1/0 = row kernel, lanes kernel prefetching 16 keys ahead,
+// lanes kernel without software prefetch) alternates the variants call by
+// call, so a busy machine slows them alike.
 // --prefill times first prompts of ctx tokens instead (GB/s is then only
 // the K+V bytes over the time, not a bandwidth figure).
 #include <algorithm>
