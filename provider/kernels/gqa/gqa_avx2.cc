@@ -274,6 +274,19 @@ HINAMOE_AVX2_INLINE void lane_pv_rows4(const float* p, const typename Elem<DT>::
   if (c < d) lane_pv_strip<DT, 1>(p, v, kv_stride, nk, c, acc, d, run, pf_mask);
 }
 
+// m, l of a group's rows: 8 or 4 floats (no masked moves: their stores are
+// slow on AMD; lanes 4..7 of a 4-row group read as 0 and are dropped).
+template <int R>
+HINAMOE_AVX2_INLINE __m256 load_rows(const float* p) {
+  if constexpr (R == 8) return _mm256_loadu_ps(p);
+  else return _mm256_insertf128_ps(_mm256_setzero_ps(), _mm_loadu_ps(p), 0);
+}
+template <int R>
+HINAMOE_AVX2_INLINE void store_rows(float* p, __m256 v) {
+  if constexpr (R == 8) _mm256_storeu_ps(p, v);
+  else _mm_storeu_ps(p, _mm256_castps256_ps128(v));
+}
+
 // Rows [r0, r0 + R*groups) of the chunk against keys [k0, k1), R = 8 or 4
 // rows (one group) per vector (R = 4 leaves lanes 4..7 unused). sp:
 // 8*kLaneKeys floats (a block's scores, then weights, as [key][8]).
@@ -298,10 +311,7 @@ HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t grou
   // ones stalled them).
   const bool spread = R == 8;
   const __m256 neg_inf = _mm256_set1_ps(kNegInf);
-  // The per-row state m, l: R floats each.
-  const __m256i lanes = R == 8 ? _mm256_set1_epi32(-1) : _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
   if (R == 4) std::fill(sp, sp + 8 * kLaneKeys, 0.0f);  // lanes 4..7: finite, never used
-
   for (int64_t jb = j0; jb < j1; jb += kLaneKeys) {
     const int64_t nb = std::min(kLaneKeys, j1 - jb);
     const E* kb = static_cast<const E*>(a.k) + jb * a.kv_stride;
@@ -338,11 +348,11 @@ HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t grou
         }
       }
       // Online softmax on whole vectors: new max, rescale, weights.
-      const __m256 m_old = _mm256_maskload_ps(a.m + rg, lanes);
+      const __m256 m_old = load_rows<R>(a.m + rg);
       __m256 bm = neg_inf;
       for (int64_t kk = 0; kk < nb; ++kk) bm = _mm256_max_ps(bm, _mm256_loadu_ps(sp + kk * 8));
       const __m256 m_new = _mm256_max_ps(m_old, bm);
-      __m256 l = _mm256_maskload_ps(a.l + rg, lanes);
+      __m256 l = load_rows<R>(a.l + rg);
       const __m256 up = _mm256_cmp_ps(m_new, m_old, _CMP_GT_OQ);
       if ((_mm256_movemask_ps(up) & ((1 << R) - 1)) != 0) {
         // Rows whose max rose: acc and l scale by exp(m_old - m_new) (0 when
@@ -357,7 +367,7 @@ HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t grou
           const __m256 fv = _mm256_set1_ps(fr[i]);
           for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(acc + c, _mm256_mul_ps(fv, _mm256_loadu_ps(acc + c)));
         }
-        _mm256_maskstore_ps(a.m + rg, lanes, m_new);
+        store_rows<R>(a.m + rg, m_new);
       }
       // Rows that saw only -inf so far subtract 0: their weights stay 0.
       const __m256 msub = _mm256_blendv_ps(m_new, _mm256_setzero_ps(), _mm256_cmp_ps(m_new, neg_inf, _CMP_EQ_OQ));
@@ -366,7 +376,7 @@ HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t grou
         _mm256_storeu_ps(sp + kk * 8, e);
         l = _mm256_add_ps(l, e);
       }
-      _mm256_maskstore_ps(a.l + rg, lanes, l);
+      store_rows<R>(a.l + rg, l);
       lane_pv_rows4<DT>(sp, vb, a.kv_stride, nb, d, a.acc + rg * d, g == 0 ? &pfv : nullptr, spread ? 1 : 0);
       if (R == 8)
         lane_pv_rows4<DT>(sp + 4, vb, a.kv_stride, nb, d, a.acc + (rg + 4) * d, g == 0 && spread ? &pfv : nullptr, 1);
