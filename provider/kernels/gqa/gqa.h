@@ -146,8 +146,8 @@ struct GqaChunkArgs {
 
 using GqaChunkFn = void (*)(const GqaChunkArgs& a);
 
-// Scratch floats one chunk call may use.
-// Scratch floats one chunk call may use.
+// Scratch floats one chunk call may use (the AVX2 lanes kernel: 128 for a
+// key block's weights, whatever `rows * keys` is).
 inline int64_t gqa_chunk_scratch_floats(int64_t rows, int64_t keys) { return rows * keys + 256; }
 
 // A GQA tier: function pointers filled once (like KernelTier in tier.h).
