@@ -146,8 +146,9 @@ struct GqaChunkArgs {
 
 using GqaChunkFn = void (*)(const GqaChunkArgs& a);
 
-// Scratch floats one chunk call may use.
-inline int64_t gqa_chunk_scratch_floats(int64_t rows, int64_t keys) { return rows * keys + 64; }
+// Scratch floats one chunk call may use (the AVX2 lanes kernel: 128 for a
+// key block's weights, whatever `rows * keys` is).
+inline int64_t gqa_chunk_scratch_floats(int64_t rows, int64_t keys) { return rows * keys + 256; }
 
 // A GQA tier: function pointers filled once (like KernelTier in tier.h).
 struct GqaTier {
@@ -155,6 +156,16 @@ struct GqaTier {
   GqaChunkFn chunk = nullptr;      // K/V float
   GqaChunkFn chunk_f16 = nullptr;  // K/V IEEE half (uint16_t bits)
 };
+
+// Knobs of the AVX2 kernel for A/B runs of the micro-benchmark
+// (hinamoe_gqa_bench --variants) only: the defaults are the tuned values and
+// nothing else sets them (they are read while gqa() runs, so never change
+// them during a call).
+struct GqaAvx2Knobs {
+  bool lanes = true;           // lanes kernel for blocks of >= 4 rows (false: the row kernel)
+  int64_t prefetch_keys = 16;  // lanes kernel: software prefetch distance in keys (0: none)
+};
+GqaAvx2Knobs& gqa_avx2_knobs();
 
 const GqaTier& gqa_ref_tier();
 const GqaTier& gqa_avx2_tier();  // only where tier_unavailable_reason("avx2") is ""

@@ -1,13 +1,14 @@
 // GroupQueryAttention (provider/kernels/gqa) against a float64 reference
 // written here from the definition (gqa.h's comment, checked against ORT
 // 1.32's CPU kernel): every tier, serial and threaded, random configs
-// (G in {1,2,4,8}, d in {64,80,128}, contexts up to 3000 with odd lengths,
+// (G in {1,2,3,4,6,8,12,16}, d in {64,80,128}, contexts up to 3000 with odd lengths,
 // rows of different lengths), first prompts, decode and continuation steps,
 // shared and separate KV buffers, and every attribute. Outputs are poisoned
 // with NaN before each call; present rows nobody should touch are checked.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -406,8 +407,10 @@ std::vector<float> random_cache(int64_t n, bool f16) {
 
 Config random_heads() {
   Config c;
-  const int64_t Gs[] = {1, 2, 4, 8}, ds[] = {64, 80, 128};
-  const int64_t G = Gs[ht::randint(0, 3)];
+  // G picks the AVX2 block shapes: lane groups of 8 rows (8, 16), one of 4
+  // (4, 12 = 8 + 4), 4 + a 2-row tail (6), the row kernel alone (1, 2, 3).
+  const int64_t Gs[] = {1, 2, 3, 4, 6, 8, 12, 16}, ds[] = {64, 80, 128};
+  const int64_t G = Gs[ht::randint(0, 7)];
   c.Nkv = ht::randint(1, 3);
   c.N = G * c.Nkv;
   c.d = ds[ht::randint(0, 2)];
@@ -462,17 +465,17 @@ TEST(gqa_decode_random) {
 }
 
 // Head sizes that leave 8-column and odd 24-column tails in the AVX2 P*V
-// strips (d = 40, 56, 72, 88), with 4 and 8 heads per KV head (the two
-// block shapes), decode at a few hundred keys and short prompts. No rotary:
-// it needs d % 16 == 0.
+// strips (d = 40, 56, 72, 88), with 4, 8, 12 and 16 heads per KV head (the
+// lane-group shapes), decode at a few hundred keys and short prompts. No
+// rotary: it needs d % 16 == 0.
 TEST(gqa_odd_head_sizes) {
-  const int64_t ds[] = {40, 56, 72, 88};
-  for (int iter = 0; iter < 16; ++iter) {
+  const int64_t ds[] = {40, 56, 72, 88}, Gs[] = {4, 8, 12, 16};
+  for (int iter = 0; iter < 32; ++iter) {
     Config c;
     c.d = ds[iter % 4];
     c.Nkv = ht::randint(1, 2);
-    c.N = (iter / 4 % 2 == 0 ? 4 : 8) * c.Nkv;
-    c.f16 = iter >= 8;
+    c.N = Gs[iter / 4 % 4] * c.Nkv;
+    c.f16 = iter >= 16;
     c.B = ht::randint(1, 2);
     const bool prompt = iter % 3 == 0;
     c.S = prompt ? ht::randint(2, 20) : 1;
@@ -668,6 +671,134 @@ TEST(gqa_errors) {
 }
 
 // The tier names of select_tier resolve; unknown names say so.
+// The chunk kernels alone (GqaChunkFn's contract in gqa.h) against float64:
+// 1..20 rows (lane groups of 8 and 4 and the row-kernel tail), head sizes
+// with every strip tail, ragged per-row visible ranges (rows that see
+// nothing, rows cut inside a key block), an incoming online-softmax state,
+// softcap, bias with -inf entries, pieces at odd offsets, row strides > d,
+// f32 and f16 K/V. Scratch is poisoned with NaN; a row with no visible key
+// must leave its state bit-exact.
+TEST(gqa_chunk_kernels_ragged) {
+  const int64_t ds[] = {8, 16, 24, 40, 64, 72, 128};
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const GqaTier* tier : gqa_tiers_here()) {
+    for (int iter = 0; iter < 60; ++iter) {
+      const bool f16 = iter % 2 == 1;
+      const int64_t rows = ht::randint(1, 20), d = ds[ht::randint(0, 6)];
+      const int64_t stride = d + 8 * ht::randint(0, 2), keys = ht::randint(40, 300);
+      const size_t nr = static_cast<size_t>(rows), nkeys = static_cast<size_t>(keys);
+      const int64_t k0 = ht::randint(0, keys / 3), k1 = ht::randint(k0 + 1, keys);
+      const bool softcap = ht::randint(0, 3) == 0, with_bias = ht::randint(0, 2) == 0;
+      const float cap = float(ht::uniform(0.5, 6));
+      std::vector<float> q(size_t(rows * d)), kf(size_t(keys * stride)), vf(kf.size());
+      for (auto& x : q) x = float(ht::uniform(-0.5, 0.5));
+      for (size_t i = 0; i < kf.size(); ++i) {
+        kf[i] = random_value(f16, 1.0);
+        vf[i] = random_value(f16, 1.0);
+      }
+      std::vector<uint16_t> kh(kf.size()), vh(vf.size());  // the same values as halves
+      for (size_t i = 0; f16 && i < kf.size(); ++i) {
+        kh[i] = ht::half_exact(kf[i]);
+        vh[i] = ht::half_exact(vf[i]);
+      }
+      std::vector<int64_t> lo(nr), hi(nr);
+      const bool same = ht::randint(0, 2) == 0;  // all rows one range (decode)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int mode = same ? 0 : int(ht::randint(0, 4));
+        lo[r] = mode == 1 ? ht::randint(0, keys) : 0;
+        hi[r] = mode == 2 ? ht::randint(0, keys) : mode == 3 ? ht::randint(k0, k1) : keys;
+        if (mode == 4) lo[r] = hi[r] = ht::randint(0, keys);  // sees nothing
+        if (lo[r] > hi[r]) std::swap(lo[r], hi[r]);
+      }
+      std::vector<std::vector<float>> bias_rows(nr, std::vector<float>(nkeys));
+      std::vector<const float*> bias(nr);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (auto& x : bias_rows[r]) x = ht::randint(0, 9) == 0 ? -INFINITY : float(ht::uniform(-2, 2));
+        if (r % 5 == 4)  // a row whose every key is masked by the bias
+          for (auto& x : bias_rows[r]) x = -INFINITY;
+        bias[r] = bias_rows[r].data();
+      }
+      // Incoming state: fresh rows (m = -inf, l = 0, acc = 0) and rows that
+      // already saw keys of an earlier piece.
+      std::vector<float> m(nr), l(nr), acc(nr * size_t(d));
+      for (int64_t r = 0; r < rows; ++r) {
+        const bool fresh = ht::randint(0, 1) == 0;
+        m[r] = fresh ? -INFINITY : float(ht::uniform(-1, 3));
+        l[r] = fresh ? 0.0f : float(ht::uniform(0.5, 20));
+        for (int64_t e = 0; e < d; ++e) acc[r * d + e] = fresh ? 0.0f : float(ht::uniform(-5, 5));
+      }
+      const std::vector<float> m0 = m, l0 = l, acc0 = acc;
+      std::vector<float> scratch(size_t(gqa_chunk_scratch_floats(rows, k1 - k0)), NAN);
+
+      GqaChunkArgs a;
+      a.q = q.data();
+      a.rows = rows;
+      a.d = d;
+      a.k = f16 ? static_cast<const void*>(kh.data()) : kf.data();
+      a.v = f16 ? static_cast<const void*>(vh.data()) : vf.data();
+      a.kv_stride = stride;
+      a.k0 = k0;
+      a.k1 = k1;
+      a.lo = lo.data();
+      a.hi = hi.data();
+      a.bias = with_bias ? bias.data() : nullptr;
+      a.softcap = softcap ? cap : 0.0f;
+      a.m = m.data();
+      a.l = l.data();
+      a.acc = acc.data();
+      a.scratch = scratch.data();
+      (f16 ? tier->chunk_f16 : tier->chunk)(a);
+
+      const std::string what = std::string(tier->name) + ht::fmt(" %s rows=%lld d=%lld stride=%lld keys [%lld, %lld) softcap=%d bias=%d",
+                                                                  f16 ? "f16" : "f32", (long long)rows, (long long)d,
+                                                                  (long long)stride, (long long)k0, (long long)k1,
+                                                                  softcap, with_bias);
+      size_t bad = 0, moved = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        // float64: the state after folding in the visible keys of the piece.
+        std::vector<double> x;
+        std::vector<int64_t> js;
+        for (int64_t j = std::max(k0, lo[r]); j < std::min(k1, hi[r]); ++j) {
+          double s = 0;
+          for (int64_t e = 0; e < d; ++e) s += double(q[r * d + e]) * double(kf[j * stride + e]);
+          if (softcap) s = double(cap) * std::tanh(s / double(cap));
+          if (with_bias) s += double(bias_rows[r][j]);
+          x.push_back(s);
+          js.push_back(j);
+        }
+        double M = double(m0[r]);
+        for (double s : x) M = std::max(M, s);
+        if (x.empty() || M == -inf) {  // nothing folded in: the state stays as it was, bit for bit
+          bool same_state = ht::fbits(m[r]) == ht::fbits(m0[r]) && ht::fbits(l[r]) == ht::fbits(l0[r]);
+          for (int64_t e = 0; e < d; ++e) same_state = same_state && ht::fbits(acc[r * d + e]) == ht::fbits(acc0[r * d + e]);
+          if (!same_state) ++moved;
+          continue;
+        }
+        const double f = m0[r] == -INFINITY ? 0.0 : std::exp(double(m0[r]) - M);
+        double L = double(l0[r]) * f;
+        std::vector<double> A(static_cast<size_t>(d));
+        for (int64_t e = 0; e < d; ++e) A[e] = double(acc0[r * d + e]) * f;
+        for (size_t i = 0; i < x.size(); ++i) {
+          const double p = std::exp(x[i] - M);
+          L += p;
+          for (int64_t e = 0; e < d; ++e) A[e] += p * double(vf[js[i] * stride + e]);
+        }
+        // m may differ by the scores' rounding: compare what does not
+        // depend on the shift, l * e^m and acc / l.
+        const double rel = 2e-5;
+        const double Lgot = double(l[r]) * std::exp(double(m[r]) - M);
+        if (!(std::fabs(Lgot - L) <= rel * L)) ++bad;
+        double amax = 0;
+        for (int64_t e = 0; e < d; ++e) amax = std::max(amax, std::fabs(A[e] / L));
+        for (int64_t e = 0; e < d; ++e)
+          if (!(std::fabs(double(acc[r * d + e]) / double(l[r]) - A[e] / L) <= rel * (1 + amax))) ++bad;
+      }
+      CHECK_MSG(bad == 0, what << ": " << bad << " state values off");
+      CHECK_MSG(moved == 0, what << ": " << moved << " rows without visible keys changed their state");
+    }
+  }
+}
+
 TEST(gqa_tier_selection) {
   std::string err;
   CHECK(select_gqa_tier("ref", &err) == &gqa_ref_tier());
