@@ -81,10 +81,11 @@ struct GqaAttrs {
 };
 
 // Element type of query/key/value/past/present/caches/bias/sink/output (the
-// op's T; ORT registers float and float16). Arithmetic is float either way;
-// with F16 the rotated K is rounded to f16 where it is stored, and the
-// rotated Q before it is used, as ORT's kernel does.
-enum class GqaDType : int { F32 = 0, F16 = 1 };
+// op's T; ORT registers float and float16, HinaMoE adds bfloat16, which ORT's
+// CPU EP has no kernel for). Arithmetic is float either way; with F16/BF16 the
+// rotated K is rounded to T where it is stored, and the rotated Q before it is
+// used, as ORT's float16 kernel does (BF16: round to nearest even).
+enum class GqaDType : int { F32 = 0, F16 = 1, BF16 = 2 };
 
 // All pointers are host memory. Optional inputs are null when absent.
 struct GqaTensors {
@@ -130,7 +131,7 @@ struct GqaChunkArgs {
   const float* q = nullptr;  // [rows, d]
   int64_t rows = 0;
   int64_t d = 0;
-  const void* k = nullptr;  // key row j at element j*kv_stride (float or f16 bits, per the tier entry)
+  const void* k = nullptr;  // key row j at element j*kv_stride (float, f16 or bf16 bits, per the tier entry)
   const void* v = nullptr;  // value row j at element j*kv_stride
   int64_t kv_stride = 0;
   int64_t k0 = 0, k1 = 0;
@@ -154,6 +155,7 @@ struct GqaTier {
   const char* name = "";
   GqaChunkFn chunk = nullptr;      // K/V float
   GqaChunkFn chunk_f16 = nullptr;  // K/V IEEE half (uint16_t bits)
+  GqaChunkFn chunk_bf16 = nullptr; // K/V bfloat16 (uint16_t bits); null: gqa() uses the ref tier's
 };
 
 const GqaTier& gqa_ref_tier();
