@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dtype.h"
+#include "gqa/gqa_amx.h"
 #include "tier.h"
 
 namespace hinamoe {
@@ -58,9 +59,7 @@ void rotate(float* x, const void* cos_c, const void* sin_c, int64_t pos, int64_t
 
 // x rounded to the op's element type (f16 or bf16, round to nearest even).
 float round_to(float x, DType dt) {
-  uint16_t bits;
-  store_from_f32(&bits, 0, dt, x);
-  return load_as_f32(&bits, 0, dt);
+  return dt == DType::F16 ? f16_to_f32(f32_to_f16(x)) : bf16_to_f32(f32_to_bf16(x));
 }
 
 // Per-thread buffers of the attention items (grow once, reused).
@@ -425,7 +424,9 @@ const GqaTier* select_gqa_tier(const std::string& name, std::string* error) {
   const KernelTier* kt = select_tier(name, error);
   if (!kt) return nullptr;
   const std::string got = kt->name;
-  if (got == "avx2" || got == "amx") return &gqa_avx2_tier();
+  if (got == "amx") return &gqa_amx_tier();
+  if (got == "amx-emu") return &gqa_amx_emu_tier();
+  if (got == "avx2") return &gqa_avx2_tier();
   return &gqa_ref_tier();
 }
 

@@ -162,11 +162,11 @@ const GqaTier& gqa_ref_tier();
 const GqaTier& gqa_avx2_tier();  // only where tier_unavailable_reason("avx2") is ""
 
 // Resolves "auto" or a tier name (the names of select_tier in
-// cpu_features.cc) to a GQA tier: "amx" -> avx2, "amx-emu" -> ref. There is
-// no AMX GQA kernel: the tile layer multiplies bf16 only, and the op's K/V
-// are f32/f16, so AMX would first convert every K/V row it reads (the same
-// memory traffic as the AVX2 path, which decode is bound by) and round K and
-// V to bf16, far outside ORT's float results.
+// cpu_features.cc) to a GQA tier. "amx" / "amx-emu" run bf16 K/V on the AMX
+// tile kernel (gqa_amx.h; real tiles / the emulator) and f32/f16 K/V on the
+// avx2 (else ref) kernels: the tile layer multiplies bf16 only, so for f32/f16
+// K/V it would first convert every row it reads (the traffic decode is bound
+// by) and round K and V to bf16, far outside ORT's float results.
 // On failure returns nullptr and sets *error.
 const GqaTier* select_gqa_tier(const std::string& name, std::string* error);
 
