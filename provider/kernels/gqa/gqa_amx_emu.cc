@@ -7,6 +7,11 @@
 
 namespace hinamoe {
 
+gqa_amx::Scratch& gqa_amx::scratch() {
+  static thread_local Scratch s;
+  return s;
+}
+
 void gqa_chunk_bf16_emu(const GqaChunkArgs& a) {
   amx::TileEmulator emu;  // a fresh register file per call, like a fresh thread
   amx::EmuTileOps ops(emu);

@@ -48,8 +48,6 @@ constexpr int kBhiT = 5;   // Q^T hi, tail
 constexpr int kBloT = 6;   // Q^T lo, tail
 constexpr int kAlo = 7;    // P lo
 
-inline uint16_t bf16_rne(float x) { return f32_to_bf16(x); }
-
 // Per-thread buffers (grow once).
 struct Scratch {
   std::vector<uint16_t> qhi, qlo;  // [dp/2][16][2] VNNI Q^T of one row block
@@ -59,10 +57,9 @@ struct Scratch {
   std::vector<float> out;          // [16][dv] accumulators of one row block
   alignas(64) float st[kKeyTile * kRowBlock];
 };
-inline Scratch& scratch() {
-  static thread_local Scratch s;
-  return s;
-}
+// Defined out of line in gqa_amx_emu.cc: an inline definition here would be
+// compiled with and without the AMX target (DESIGN.md §5).
+Scratch& scratch();
 
 template <class Ops>
 void chunk_bf16(Ops& ops, const GqaChunkArgs& a) {
@@ -122,10 +119,10 @@ void chunk_bf16(Ops& ops, const GqaChunkArgs& a) {
     for (int64_t n = 0; n < nr; ++n) {
       const float* q = a.q + (r0 + n) * d;
       for (int64_t c = 0; c < d; ++c) {
-        const uint16_t hi = bf16_rne(q[c]);
+        const uint16_t hi = f32_to_bf16(q[c]);
         const size_t i = size_t((c / 2) * 32 + 2 * n + (c & 1));
         s.qhi[i] = hi;
-        s.qlo[i] = bf16_rne(q[c] - bf16_to_f32(hi));
+        s.qlo[i] = f32_to_bf16(q[c] - bf16_to_f32(hi));
       }
     }
     ops.staged(s.qhi.data());
@@ -188,9 +185,9 @@ void chunk_bf16(Ops& ops, const GqaChunkArgs& a) {
       for (int64_t j = j0; j < j1; ++j) {
         const float p = std::exp(x[j - k0] - mx);
         l += p;
-        const uint16_t hi = bf16_rne(p);
+        const uint16_t hi = f32_to_bf16(p);
         ph[j - k0] = hi;
-        pl[j - k0] = bf16_rne(p - bf16_to_f32(hi));
+        pl[j - k0] = f32_to_bf16(p - bf16_to_f32(hi));
       }
       a.m[r] = mx;
       a.l[r] = l;
