@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
 from .moe_layer import MS_DOMAIN, canon_dtype, np_dtype, onnx_dtype
+from .moe_layer import _ortvalue as ortvalue  # bfloat16-aware (plain numpy binding cannot take it)
 
 # Input names in the op's order (index = ONNX input position).
 GQA_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k",
@@ -297,21 +299,23 @@ class KVCache:
 def run_gqa_shared(sess, cfg: GQAConfig, cache: KVCache, step: GQAStep,
                    poison: float = np.nan) -> np.ndarray:
     """One call with past and present bound to the same buffers (the cache is
-    updated in place). The output buffer is filled with ``poison`` first."""
-    import onnxruntime as ort
-
+    updated in place). The output buffer is filled with ``poison`` first.
+    Works for bfloat16 (``ml_dtypes.bfloat16`` arrays) too."""
     b, s = step.query.shape[:2]
     out = np.full((b, s, cfg.num_heads * cfg.head_dim), poison, dtype=np_dtype(cfg.dtype))
     io = sess.io_binding()
+    keep = []  # the OrtValues wrap these arrays: keep both alive until the run ends
     for name, arr in step.feeds().items():
-        io.bind_cpu_input(name, np.ascontiguousarray(arr))
-    k = ort.OrtValue.ortvalue_from_numpy(cache.key)
-    v = ort.OrtValue.ortvalue_from_numpy(cache.value)
+        arr = np.ascontiguousarray(arr)
+        ov = ortvalue(arr)
+        keep.append((arr, ov))
+        io.bind_ortvalue_input(name, ov)
+    k, v = ortvalue(cache.key), ortvalue(cache.value)
     io.bind_ortvalue_input("past_key", k)
     io.bind_ortvalue_input("past_value", v)
     io.bind_ortvalue_output("present_key", k)
     io.bind_ortvalue_output("present_value", v)
-    io.bind_ortvalue_output("output", ort.OrtValue.ortvalue_from_numpy(out))
+    io.bind_ortvalue_output("output", ortvalue(out))
     sess.run_with_iobinding(io)
     return out
 
@@ -327,8 +331,28 @@ def run_gqa(sess, cfg: GQAConfig, step: GQAStep, past: KVCache | None = None):
             past = KVCache.empty(cfg, b, 0)
         feeds["past_key"], feeds["past_value"] = past.key, past.value
     names = [o.name for o in sess.get_outputs()]
-    res = sess.run(None, feeds)
-    got = dict(zip(names, res))
+    if np_dtype(cfg.dtype) != np.dtype(ml_dtypes.bfloat16):
+        got = dict(zip(names, sess.run(None, feeds)))
+        return got["output"], got.get("present_key"), got.get("present_value")
+    # bfloat16: plain run cannot feed or fetch it; bind preallocated outputs.
+    b, s = step.query.shape[:2]
+    cap = max(step.total_sequence_length, past.key.shape[2] if cfg.with_past else 0)
+    shapes = {"output": (b, s, cfg.num_heads * cfg.head_dim),
+              "present_key": (b, cfg.kv_num_heads, cap, cfg.head_dim),
+              "present_value": (b, cfg.kv_num_heads, cap, cfg.head_dim)}
+    got = {name: np.full(shapes[name], np.nan, dtype=ml_dtypes.bfloat16) for name in names}
+    io = sess.io_binding()
+    keep = []
+    for name, arr in feeds.items():
+        arr = np.ascontiguousarray(arr)
+        ov = ortvalue(arr)
+        keep.append((arr, ov))
+        io.bind_ortvalue_input(name, ov)
+    for name, arr in got.items():
+        ov = ortvalue(arr)
+        keep.append(ov)
+        io.bind_ortvalue_output(name, ov)
+    sess.run_with_iobinding(io)
     return got["output"], got.get("present_key"), got.get("present_value")
 
 

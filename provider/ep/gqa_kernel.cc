@@ -111,8 +111,10 @@ OrtStatus* GqaKernel::compute(OrtKernelContext* context) const {
   gs.total_sequence_length = total;
 
   hinamoe::GqaTensors t;
-  const bool f16 = in[kQuery].GetTensorTypeAndShapeInfo().GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-  t.dtype = f16 ? hinamoe::GqaDType::F16 : hinamoe::GqaDType::F32;
+  const auto elem = in[kQuery].GetTensorTypeAndShapeInfo().GetElementType();
+  t.dtype = elem == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16    ? hinamoe::GqaDType::F16
+            : elem == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 ? hinamoe::GqaDType::BF16
+                                                              : hinamoe::GqaDType::F32;
   auto data = [&](int i) { return in[i] == nullptr ? nullptr : in[i].GetTensorRawData(); };
   t.query = data(kQuery);
   t.key = data(kKey);
@@ -169,7 +171,7 @@ OrtStatus* GqaKernel::compute(OrtKernelContext* context) const {
   Ort::UnownedValue pk{nullptr}, pv{nullptr};
   if (n_out > 1) pk = ctx.GetOutput(1, present_shape);
   if (n_out > 2) pv = ctx.GetOutput(2, present_shape);
-  const size_t cache_bytes = static_cast<size_t>(b * nkv * gs.present_capacity * d) * (f16 ? 2 : 4);
+  const size_t cache_bytes = static_cast<size_t>(b * nkv * gs.present_capacity * d) * (t.dtype == hinamoe::GqaDType::F32 ? 4 : 2);
   std::vector<float> scratch_k, scratch_v;  // float-aligned, sized in bytes of T
   if (pk != nullptr) {
     t.present_key = cache_bytes > 0 ? pk.GetTensorMutableRawData() : nullptr;

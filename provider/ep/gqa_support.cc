@@ -42,8 +42,10 @@ std::string gqa_unsupported_reason(const Ort::ConstNode& node) {
 
   if (inputs.empty() || inputs[0] == nullptr) return "node has no query input";
   const auto t = elem_type(inputs[0]);
-  if (t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) {
-    return "element type " + std::to_string(t) + " of 'query': HinaMoE runs float32 and float16 GroupQueryAttention";
+  if (t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 &&
+      t != ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16) {
+    return "element type " + std::to_string(t) +
+           " of 'query': HinaMoE runs float32, float16 and bfloat16 GroupQueryAttention";
   }
   // The KV cache may have its own type (T_CACHE): it must be the query's.
   for (size_t i : {3, 4}) {

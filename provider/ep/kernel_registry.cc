@@ -35,7 +35,7 @@ OrtStatus* create_kernel_registry(const char* ep_name, OrtKernelRegistry** out) 
                                .Build();
   Ort::ThrowOnError(registry.AddKernel(moe_def, create_moe_kernel, nullptr));
 
-  // com.microsoft::GroupQueryAttention, T in {float, float16}, M = int32
+  // com.microsoft::GroupQueryAttention, T in {float, float16, bfloat16}, M = int32
   // (GetCapability checks that the KV cache has T's type).
   Ort::KernelDef gqa_def = Ort::KernelDefBuilder()
                                .SetOperatorType("GroupQueryAttention")
@@ -44,7 +44,8 @@ OrtStatus* create_kernel_registry(const char* ep_name, OrtKernelRegistry** out) 
                                .SetExecutionProvider(ep_name)
                                .AddTypeConstraint("T", std::vector<const OrtDataType*>{
                                                            tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT),
-                                                           tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16)})
+                                                           tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16),
+                                                           tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16)})
                                .AddTypeConstraint("M", tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32))
                                .Build();
   Ort::ThrowOnError(registry.AddKernel(gqa_def, create_gqa_kernel, nullptr));

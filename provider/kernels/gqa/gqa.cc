@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dtype.h"
+#include "gqa/gqa_amx.h"
 #include "tier.h"
 
 namespace hinamoe {
@@ -56,6 +57,11 @@ void rotate(float* x, const void* cos_c, const void* sin_c, int64_t pos, int64_t
   }
 }
 
+// x rounded to the op's element type (f16 or bf16, round to nearest even).
+float round_to(float x, DType dt) {
+  return dt == DType::F16 ? f16_to_f32(f32_to_f16(x)) : bf16_to_f32(f32_to_bf16(x));
+}
+
 // Per-thread buffers of the attention items (grow once, reused).
 struct ItemScratch {
   std::vector<int64_t> lo, hi;
@@ -71,7 +77,8 @@ ItemScratch& item_scratch() {
 
 std::string gqa_validate(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t) {
   const std::string op = "GroupQueryAttention: ";
-  if (t.dtype != GqaDType::F32 && t.dtype != GqaDType::F16) return op + "only float32 and float16 are supported";
+  if (t.dtype != GqaDType::F32 && t.dtype != GqaDType::F16 && t.dtype != GqaDType::BF16)
+    return op + "only float32, float16 and bfloat16 are supported";
   if (s.num_heads <= 0 || s.kv_num_heads <= 0)
     return op + "num_heads (" + num(s.num_heads) + ") and kv_num_heads (" + num(s.kv_num_heads) +
            ") must be positive";
@@ -175,7 +182,7 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   const bool shared = t.past_key != nullptr && t.past_key == t.present_key;
   const float alpha = a.scale == 0.0f ? 1.0f / std::sqrt(float(d)) : a.scale;
 
-  const DType dt = t.dtype == GqaDType::F16 ? DType::F16 : DType::F32;
+  const DType dt = t.dtype == GqaDType::F16 ? DType::F16 : t.dtype == GqaDType::BF16 ? DType::BF16 : DType::F32;
   const size_t es = dtype_size(dt);
   auto at = [es](const void* p, int64_t i) { return static_cast<const uint8_t*>(p) + i * int64_t(es); };
   auto at_mut = [es](void* p, int64_t i) { return static_cast<uint8_t*>(p) + i * int64_t(es); };
@@ -232,19 +239,19 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
         for (int64_t j = 0; j < d; ++j) qd[j] = load_as_f32(t.query, src + j, dt);
         if (a.do_rotary) {
           rotate(qd, t.cos_cache, t.sin_cache, position(b, i), half, a.rotary_interleaved, dt);
-          if (dt == DType::F16)
-            for (int64_t j = 0; j < d; ++j) qd[j] = f16_to_f32(f32_to_f16(qd[j]));
+          if (dt != DType::F32)
+            for (int64_t j = 0; j < d; ++j) qd[j] = round_to(qd[j], dt);
         }
         for (int64_t j = 0; j < d; ++j) qd[j] *= alpha;
       }
     }
   });
 
-  // Bias and sink as float (converted once when T is f16).
+  // Bias and sink as float (converted once when T is f16 or bf16).
   std::vector<float> bias_f, sink_f;
   const float* bias = static_cast<const float*>(t.attention_bias);
   const float* sink = static_cast<const float*>(t.head_sink);
-  if (dt == DType::F16) {
+  if (dt != DType::F32) {
     if (t.attention_bias) {
       bias_f.resize(size_t(t.bias_batch * t.bias_heads * S * t.bias_keys));
       for (size_t i = 0; i < bias_f.size(); ++i) bias_f[i] = load_as_f32(t.attention_bias, int64_t(i), dt);
@@ -256,7 +263,7 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
       sink = sink_f.data();
     }
   }
-  const GqaChunkFn chunk = dt == DType::F16 ? tier.chunk_f16 : tier.chunk;
+  const GqaChunkFn chunk = dt == DType::F16 ? tier.chunk_f16 : dt == DType::BF16 ? tier.chunk_bf16 : tier.chunk;
 
   // 2. Work items. A group is (b, h, tile of query tokens); its visible keys
   //    [klo, khi) are split over several items when there are too few groups
@@ -414,7 +421,9 @@ const GqaTier* select_gqa_tier(const std::string& name, std::string* error) {
   const KernelTier* kt = select_tier(name, error);
   if (!kt) return nullptr;
   const std::string got = kt->name;
-  if (got == "avx2" || got == "amx") return &gqa_avx2_tier();
+  if (got == "amx") return &gqa_amx_tier();
+  if (got == "amx-emu") return &gqa_amx_emu_tier();
+  if (got == "avx2") return &gqa_avx2_tier();
   return &gqa_ref_tier();
 }
 

@@ -81,10 +81,11 @@ struct GqaAttrs {
 };
 
 // Element type of query/key/value/past/present/caches/bias/sink/output (the
-// op's T; ORT registers float and float16). Arithmetic is float either way;
-// with F16 the rotated K is rounded to f16 where it is stored, and the
-// rotated Q before it is used, as ORT's kernel does.
-enum class GqaDType : int { F32 = 0, F16 = 1 };
+// op's T; ORT registers float and float16, HinaMoE adds bfloat16, which ORT's
+// CPU EP has no kernel for). Arithmetic is float either way; with F16/BF16 the
+// rotated K is rounded to T where it is stored, and the rotated Q before it is
+// used, as ORT's float16 kernel does (BF16: round to nearest even).
+enum class GqaDType : int { F32 = 0, F16 = 1, BF16 = 2 };
 
 // All pointers are host memory. Optional inputs are null when absent.
 struct GqaTensors {
@@ -130,7 +131,7 @@ struct GqaChunkArgs {
   const float* q = nullptr;  // [rows, d]
   int64_t rows = 0;
   int64_t d = 0;
-  const void* k = nullptr;  // key row j at element j*kv_stride (float or f16 bits, per the tier entry)
+  const void* k = nullptr;  // key row j at element j*kv_stride (float, f16 or bf16 bits, per the tier entry)
   const void* v = nullptr;  // value row j at element j*kv_stride
   int64_t kv_stride = 0;
   int64_t k0 = 0, k1 = 0;
@@ -155,6 +156,7 @@ struct GqaTier {
   const char* name = "";
   GqaChunkFn chunk = nullptr;      // K/V float
   GqaChunkFn chunk_f16 = nullptr;  // K/V IEEE half (uint16_t bits)
+  GqaChunkFn chunk_bf16 = nullptr;  // K/V bfloat16 (uint16_t bits)
 };
 
 // Knobs of the AVX2 kernel for A/B runs of the micro-benchmark
@@ -171,11 +173,11 @@ const GqaTier& gqa_ref_tier();
 const GqaTier& gqa_avx2_tier();  // only where tier_unavailable_reason("avx2") is ""
 
 // Resolves "auto" or a tier name (the names of select_tier in
-// cpu_features.cc) to a GQA tier: "amx" -> avx2, "amx-emu" -> ref. There is
-// no AMX GQA kernel: the tile layer multiplies bf16 only, and the op's K/V
-// are f32/f16, so AMX would first convert every K/V row it reads (the same
-// memory traffic as the AVX2 path, which decode is bound by) and round K and
-// V to bf16, far outside ORT's float results.
+// cpu_features.cc) to a GQA tier. "amx" / "amx-emu" run bf16 K/V on the AMX
+// tile kernel (gqa_amx.h; real tiles / the emulator) and f32/f16 K/V on the
+// avx2 (else ref) kernels: the tile layer multiplies bf16 only, so for f32/f16
+// K/V it would first convert every row it reads (the traffic decode is bound
+// by) and round K and V to bf16, far outside ORT's float results.
 // On failure returns nullptr and sets *error.
 const GqaTier* select_gqa_tier(const std::string& name, std::string* error);
 

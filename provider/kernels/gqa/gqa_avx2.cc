@@ -28,7 +28,8 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// K/V element types: float, or IEEE half bits widened with vcvtph2ps.
+// K/V element types: float, IEEE half bits widened with vcvtph2ps, or
+// bfloat16 bits widened by a zero-extend and a 16-bit shift.
 template <DType DT> struct Elem { using T = uint16_t; };
 template <> struct Elem<DType::F32> { using T = float; };
 
@@ -36,8 +37,11 @@ template <DType DT>
 HINAMOE_AVX2_INLINE __m256 load8(const typename Elem<DT>::T* p) {
   if constexpr (DT == DType::F32) {
     return _mm256_loadu_ps(p);
-  } else {
+  } else if constexpr (DT == DType::F16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
   }
 }
 
@@ -518,6 +522,7 @@ const GqaTier& gqa_avx2_tier() {
     x.name = "avx2";
     x.chunk = chunk_avx2<DType::F32>;
     x.chunk_f16 = chunk_avx2<DType::F16>;
+    x.chunk_bf16 = chunk_avx2<DType::BF16>;
     return x;
   }();
   return t;

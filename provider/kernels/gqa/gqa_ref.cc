@@ -50,6 +50,7 @@ const GqaTier& gqa_ref_tier() {
     x.name = "ref";
     x.chunk = chunk_ref<DType::F32>;
     x.chunk_f16 = chunk_ref<DType::F16>;
+    x.chunk_bf16 = chunk_ref<DType::BF16>;
     return x;
   }();
   return t;

@@ -3,7 +3,8 @@
 // 1.32's CPU kernel): every tier, serial and threaded, random configs
 // (G in {1,2,3,4,6,8,12,16}, d in {64,80,128}, contexts up to 3000 with odd lengths,
 // rows of different lengths), first prompts, decode and continuation steps,
-// shared and separate KV buffers, and every attribute. Outputs are poisoned
+// shared and separate KV buffers, and every attribute; T = float32, float16
+// and bfloat16 (tiers without a bf16 kernel run the reference loop). Outputs are poisoned
 // with NaN before each call; present rows nobody should touch are checked.
 #include <algorithm>
 #include <cmath>
@@ -37,7 +38,7 @@ struct Config {
   bool bias = false;
   int64_t bias_b = 1, bias_n = 1;
   bool sink = false;
-  bool f16 = false;  // T = float16: all data on values a half holds exactly
+  int dt = 0;  // T: 0 float32, 1 float16, 2 bfloat16 (data on values T holds exactly)
   int64_t present_cap() const { return std::max(total_seq, past_cap); }
 };
 
@@ -46,17 +47,17 @@ struct Inputs {
   std::vector<int64_t> pos;
 };
 
-// A random value in (-scale, scale) (scale a power of 2); for f16 on the
-// i/1024 * scale grid, which a half holds exactly.
-float random_value(bool f16, double scale) {
-  return f16 ? float(ht::grid_value(1, scale)) : float(ht::uniform(-scale, scale));
+// A random value in (-scale, scale) (scale a power of 2); for f16/bf16 on the
+// i/1024 (i/128) * scale grid, which T holds exactly.
+float random_value(int dt, double scale) {
+  return dt != 0 ? float(ht::grid_value(dt, scale)) : float(ht::uniform(-scale, scale));
 }
 
 Inputs random_inputs(const Config& c) {
   Inputs in;
   auto fill = [&c](std::vector<float>& v, size_t n, double scale) {
     v.resize(n);
-    for (auto& x : v) x = random_value(c.f16, scale);
+    for (auto& x : v) x = random_value(c.dt, scale);
   };
   const int64_t qw = c.packed ? (c.N + 2 * c.Nkv) * c.d : c.N * c.d;
   fill(in.query, size_t(c.B * c.S * qw), 1);
@@ -72,9 +73,10 @@ Inputs random_inputs(const Config& c) {
       const double th = ht::uniform(-3.2, 3.2);
       in.cos[i] = float(std::cos(th));
       in.sin[i] = float(std::sin(th));
-      if (c.f16) {
-        in.cos[i] = float(std::round(std::cos(th) * 1024) / 1024);
-        in.sin[i] = float(std::round(std::sin(th) * 1024) / 1024);
+      if (c.dt != 0) {  // on T's grid (i/1024 or i/128)
+        const double g = c.dt == 1 ? 1024 : 128;
+        in.cos[i] = float(std::round(std::cos(th) * g) / g);
+        in.sin[i] = float(std::round(std::sin(th) * g) / g);
       }
     }
     if (c.pos_ids) {
@@ -185,19 +187,19 @@ struct Buffers {
   std::vector<float> past_k, past_v, present_k, present_v, out;
 };
 
-// Half bits of values that are exact halves (the f16 test data).
-std::vector<uint16_t> to_half(const std::vector<float>& v) {
+// f16 (dt 1) or bf16 (dt 2) bits of values T holds exactly (the test data).
+std::vector<uint16_t> to_half(const std::vector<float>& v, int dt) {
   std::vector<uint16_t> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = ht::half_exact(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) h[i] = dt == 1 ? ht::half_exact(v[i]) : ht::bf16_exact(v[i]);
   return h;
 }
-std::vector<float> from_half(const std::vector<uint16_t>& h) {
+std::vector<float> from_half(const std::vector<uint16_t>& h, int dt) {
   std::vector<float> v(h.size());
-  for (size_t i = 0; i < h.size(); ++i) v[i] = float(ht::half_value(h[i]));
+  for (size_t i = 0; i < h.size(); ++i) v[i] = float(ht::read_raw(h.data(), i, dt));
   return v;
 }
 
-// Runs the library on float test data; for f16 configs through half copies
+// Runs the library on float test data; for f16/bf16 configs through 16-bit copies
 // (outputs and present buffers are converted back, NaN poison included).
 std::string run_lib(const Config& c, const Inputs& in, Buffers& buf, const GqaTier& tier, const Parallel& par) {
   GqaShape sh;
@@ -216,12 +218,12 @@ std::string run_lib(const Config& c, const Inputs& in, Buffers& buf, const GqaTi
   } h;
   auto pick = [&](const std::vector<float>& f, std::vector<uint16_t>& hv) -> void* {
     if (f.empty()) return nullptr;
-    if (!c.f16) return const_cast<float*>(f.data());
-    hv = to_half(f);
+    if (c.dt == 0) return const_cast<float*>(f.data());
+    hv = to_half(f, c.dt);
     return hv.data();
   };
   GqaTensors t;
-  t.dtype = c.f16 ? GqaDType::F16 : GqaDType::F32;
+  t.dtype = c.dt == 1 ? GqaDType::F16 : c.dt == 2 ? GqaDType::BF16 : GqaDType::F32;
   t.query = pick(in.query, h.query);
   t.key = c.packed ? nullptr : pick(in.key, h.key);
   t.value = c.packed ? nullptr : pick(in.value, h.value);
@@ -246,20 +248,20 @@ std::string run_lib(const Config& c, const Inputs& in, Buffers& buf, const GqaTi
     t.bias_keys = c.total_seq;
   }
   if (c.sink) t.head_sink = pick(in.sink, h.sink);
-  if (c.f16) {
-    h.out.assign(buf.out.size(), 0x7e00);  // NaN
+  if (c.dt != 0) {
+    h.out.assign(buf.out.size(), c.dt == 1 ? 0x7e00 : 0x7fc0);  // NaN
     t.output = h.out.data();
   } else {
     t.output = buf.out.data();
   }
   const std::string err = gqa(sh, c.attrs, t, tier, par);
-  if (c.f16) {
-    buf.out = from_half(h.out);
-    buf.present_k = from_half(h.present_k);
-    buf.present_v = from_half(h.present_v);
+  if (c.dt != 0) {
+    buf.out = from_half(h.out, c.dt);
+    buf.present_k = from_half(h.present_k, c.dt);
+    buf.present_v = from_half(h.present_v, c.dt);
     if (!h.past_k.empty()) {
-      buf.past_k = from_half(h.past_k);
-      buf.past_v = from_half(h.past_v);
+      buf.past_k = from_half(h.past_k, c.dt);
+      buf.past_v = from_half(h.past_v, c.dt);
     }
   }
   return err;
@@ -276,7 +278,7 @@ std::vector<const GqaTier*> gqa_tiers_here() {
 }
 
 std::string describe(const Config& c) {
-  std::string s = std::string(c.f16 ? "f16 " : "f32 ") + ht::fmt("B=%lld S=%lld N=%lld Nkv=%lld d=%lld total=%lld past_cap=%lld", (long long)c.B,
+  std::string s = std::string(ht::dtype_str(c.dt)) + " "  + ht::fmt("B=%lld S=%lld N=%lld Nkv=%lld d=%lld total=%lld past_cap=%lld", (long long)c.B,
                           (long long)c.S, (long long)c.N, (long long)c.Nkv, (long long)c.d,
                           (long long)c.total_seq, (long long)c.past_cap);
   s += " seqlens=";
@@ -298,7 +300,9 @@ void compare(const Config& c, const std::vector<double>& want, const RefCache& r
   size_t bad = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     const double err = std::fabs(double(buf.out[i]) - want[i]);
-    const double rel = c.f16 ? 3e-3 : 2e-5;
+    // f16: Q/K rounded to half after rotary, output rounded (eps 2^-11);
+    // bf16 the same with eps 2^-8 (output rounding alone reaches ~2e-3).
+    const double rel = c.dt == 1 ? 3e-3 : c.dt == 2 ? 8e-3 : 2e-5;
     const double tol = rel + rel * std::fabs(want[i]);
     if (!(err <= tol)) ++bad;  // NaN counts as bad
     if (!(err <= worst)) worst = err;
@@ -316,7 +320,7 @@ void compare(const Config& c, const std::vector<double>& want, const RefCache& r
           if (j < end && (c.shared ? j >= past : true)) {
             // Written by this step or copied from past: equals the reference cache.
             // Rotated K carries rounding (to T); V and unrotated K are copies.
-            const double ktol = c.f16 ? 2e-3 : 1e-5;
+            const double ktol = c.dt == 1 ? 2e-3 : c.dt == 2 ? 8e-3 : 1e-5;
             if (!(std::fabs(gk - rc.k[i]) <= ktol && std::fabs(gv - rc.v[i]) == 0.0)) ++bad_rows;
           } else if (c.shared) {
             if (ht::fbits(buf.present_k[i]) != ht::fbits(before_k[i])) ++touched;
@@ -399,9 +403,9 @@ void check_step(const Config& c, const Inputs& in, const std::vector<float>& pas
   }
 }
 
-std::vector<float> random_cache(int64_t n, bool f16) {
+std::vector<float> random_cache(int64_t n, int dt) {
   std::vector<float> cache(static_cast<size_t>(n));
-  for (auto& x : cache) x = random_value(f16, 1.0);
+  for (auto& x : cache) x = random_value(dt, 1.0);
   return cache;
 }
 
@@ -415,7 +419,7 @@ Config random_heads() {
   c.N = G * c.Nkv;
   c.d = ds[ht::randint(0, 2)];
   c.packed = ht::randint(0, 3) == 0;
-  c.f16 = ht::randint(0, 3) == 0;
+  c.dt = int(std::max<int64_t>(0, ht::randint(-2, 2)));  // f32 3 in 5, f16 and bf16 1 in 5 each
   return c;
 }
 
@@ -438,7 +442,7 @@ TEST(gqa_first_prompt_random) {
     if (c.attrs.do_rotary) c.rot_rows = std::max(c.rot_rows, c.present_cap());
     const Inputs in = random_inputs(c);
     const int64_t pn = c.B * c.Nkv * c.past_cap * c.d;
-    check_step(c, in, random_cache(pn, c.f16), random_cache(pn, c.f16), "first_prompt");
+    check_step(c, in, random_cache(pn, c.dt), random_cache(pn, c.dt), "first_prompt");
   }
 }
 
@@ -460,7 +464,7 @@ TEST(gqa_decode_random) {
     if (c.attrs.do_rotary) c.rot_rows = std::max(c.rot_rows, c.present_cap());
     const Inputs in = random_inputs(c);
     const int64_t pn = c.B * c.Nkv * c.past_cap * c.d;
-    check_step(c, in, random_cache(pn, c.f16), random_cache(pn, c.f16), "decode");
+    check_step(c, in, random_cache(pn, c.dt), random_cache(pn, c.dt), "decode");
   }
 }
 
@@ -475,7 +479,7 @@ TEST(gqa_odd_head_sizes) {
     c.d = ds[iter % 4];
     c.Nkv = ht::randint(1, 2);
     c.N = Gs[iter / 4 % 4] * c.Nkv;
-    c.f16 = iter >= 16;
+    c.dt = iter % 3;  // f32, f16, bf16
     c.B = ht::randint(1, 2);
     const bool prompt = iter % 3 == 0;
     c.S = prompt ? ht::randint(2, 20) : 1;
@@ -488,7 +492,7 @@ TEST(gqa_odd_head_sizes) {
     c.attrs.do_rotary = false;
     const Inputs in = random_inputs(c);
     const int64_t pn = c.B * c.Nkv * c.past_cap * c.d;
-    check_step(c, in, random_cache(pn, c.f16), random_cache(pn, c.f16), "odd_head_size");
+    check_step(c, in, random_cache(pn, c.dt), random_cache(pn, c.dt), "odd_head_size");
   }
 }
 
@@ -507,7 +511,7 @@ TEST(gqa_continuation_random) {
     if (c.attrs.do_rotary) c.rot_rows = std::max(c.rot_rows, c.present_cap());
     const Inputs in = random_inputs(c);
     const int64_t pn = c.B * c.Nkv * c.past_cap * c.d;
-    check_step(c, in, random_cache(pn, c.f16), random_cache(pn, c.f16), "continuation");
+    check_step(c, in, random_cache(pn, c.dt), random_cache(pn, c.dt), "continuation");
   }
 }
 
@@ -528,8 +532,8 @@ TEST(gqa_prefill_then_decode_shared) {
     base.past_cap = cap;
     for (const GqaTier* tier : gqa_tiers_here()) {
       static ThreadPool pool2(2);
-      std::vector<float> kc = random_cache(base.B * base.Nkv * cap * base.d, base.f16),
-                         vc = random_cache(int64_t(kc.size()), base.f16);
+      std::vector<float> kc = random_cache(base.B * base.Nkv * cap * base.d, base.dt),
+                         vc = random_cache(int64_t(kc.size()), base.dt);
       RefCache rc;
       rc.k.assign(kc.size(), 0.0);
       rc.v = rc.k;
@@ -570,9 +574,9 @@ TEST(gqa_prefill_then_decode_shared) {
 // Every attribute alone, one decode and one prompt each, so a failure names it.
 TEST(gqa_each_attribute) {
   for (int which = 0; which < 10; ++which) {
-    for (int phase = 0; phase < 4; ++phase) {
+    for (int phase = 0; phase < 6; ++phase) {
       Config c;
-      c.f16 = phase >= 2;
+      c.dt = phase / 2;
       c.N = 8;
       c.Nkv = 2;
       c.d = 80;
@@ -612,7 +616,7 @@ TEST(gqa_each_attribute) {
         }
       }
       const int64_t pn = c.B * c.Nkv * c.past_cap * c.d;
-      check_step(c, in, random_cache(pn, c.f16), random_cache(pn, c.f16), "attribute " + std::to_string(which));
+      check_step(c, in, random_cache(pn, c.dt), random_cache(pn, c.dt), "attribute " + std::to_string(which));
     }
   }
 }
@@ -654,10 +658,10 @@ TEST(gqa_errors) {
     Inputs in = random_inputs(c);
     if (c.pos_ids) in.pos[0] = 16;  // one past the cache
     Buffers buf;
-    buf.present_k = random_cache(c.B * c.Nkv * c.present_cap() * c.d, false);
+    buf.present_k = random_cache(c.B * c.Nkv * c.present_cap() * c.d, 0);
     buf.present_v = buf.present_k;
     if (!c.shared) {
-      buf.past_k = random_cache(c.B * c.Nkv * c.past_cap * c.d, false);
+      buf.past_k = random_cache(c.B * c.Nkv * c.past_cap * c.d, 0);
       buf.past_v = buf.past_k;
     }
     const std::vector<float> before = buf.present_k;
