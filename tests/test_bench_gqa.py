@@ -52,6 +52,11 @@ def test_tiny_gqa_run(tmp_path, capsys):
         assert p["median_ms"] > 0 and p["gbs"] > 0 and p["pct_bw"]
         itemsize = 2 if p["dtype"] == "f16" else 4
         assert p["kv_bytes"] == 2 * p["batch"] * 8 * p["context"] * 64 * itemsize
+        # gpt-oss: 64 query heads over 8 KV heads, G = 8
+        bw, fma = res["meta"]["read_bandwidth_gbs"]["1"], res["meta"]["fma_peak_per_s"]["1"]
+        roof = min(bw, fma * itemsize / 8 / 1e9)
+        assert p["roof_gbs"] == pytest.approx(roof, rel=1e-9)
+        assert p["pct_roof"] == pytest.approx(100 * p["gbs"] / roof, rel=1e-9)
     for p in (p for p in pts if p["ep"] == "HinaMoE"):
         assert p["speedup_vs_cpu"] > 0
         limit = 1e-2 if p["dtype"] == "f16" else 1e-4

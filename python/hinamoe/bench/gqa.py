@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from .common import BandwidthProbe, cpu_name, csv, hinamoe_tier, l3_bytes, make_session
+from .common import (BandwidthProbe, FmaProbe, OtherLoad, cpu_name, csv, hinamoe_tier, l3_bytes, make_session,
+                     roofline_gbs)
 
 NAME = "gqa"
 HELP = "time one GroupQueryAttention decode step at real attention shapes (HinaMoE vs ORT CPU EP)"
@@ -36,7 +37,11 @@ Reported per point: median latency (after warm-up), effective bandwidth =
 K and V bytes read (2 * B * kv_heads * context * head_dim * element size) / time, that
 bandwidth as a % of the read bandwidth measured by
 hinamoe.measure_read_bandwidth(threads) in the same run (probed before and
-after; the larger value is used), and the speed-up over the CPU EP. The
+after; the larger value is used), as a % of the roofline min(read bandwidth,
+FMA peak x element size / G) -- each K and V element meets the G query heads
+of its KV head once, 2*G FMAs per K+V element pair (softmax exps not
+counted), so with G = 8 float16 K/V the FMA rate, not the memory, bounds
+it -- and the speed-up over the CPU EP. The
 max relative difference between the two EPs' outputs is shown as a check.
 
 Examples:
@@ -112,6 +117,8 @@ class GqaPoint:
     times_ms: list = field(default_factory=list)
     gbs: float = 0.0
     pct_bw: float | None = None
+    roof_gbs: float | None = None  # min(read bandwidth, FMA peak x element size / G)
+    pct_roof: float | None = None
     speedup_vs_cpu: float | None = None
     max_rel_diff_vs_cpu: float | None = None
 
@@ -214,11 +221,15 @@ def run(args) -> int:
             return 1
 
     l3 = l3_bytes()
+    load = OtherLoad()
     probe = BandwidthProbe(threads, bw_bytes, repeats=3 if quick else 5)
     probe.probe()
+    fma = FmaProbe(threads)
+    fma.probe()
     print(f"machine: {cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
           f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa})")
     print("read bandwidth (before): " + probe.describe())
+    print("FMA peak (before): " + fma.describe())
 
     eps = (["HinaMoE"] if run_hina else []) + (["CPU"] if run_cpu else [])
     total = len(names) * len(dtypes) * len(batches) * len(contexts) * len(threads) * len(eps)
@@ -275,17 +286,26 @@ def run(args) -> int:
             bar.close()
 
     probe.probe()
+    fma.probe()
     bandwidth = probe.best()
     for p in points:
         bw = bandwidth.get(p.threads)
         p.pct_bw = 100.0 * p.gbs / bw if bw else None
+        shape = ATTENTION_SHAPES[p.shape]
+        p.roof_gbs = roofline_gbs(bw, fma.best().get(p.threads), 2 if p.dtype == "f16" else 4,
+                                  shape.num_heads // shape.kv_num_heads)
+        p.pct_roof = 100.0 * p.gbs / p.roof_gbs if p.roof_gbs else None
 
     from .report import plot_gqa_latency, print_gqa_table
 
     print("read bandwidth (max of the probes before/after): " + probe.describe())
+    print("FMA peak (max of the probes before/after): " + fma.describe())
     print_gqa_table(points)
     elapsed = time.time() - t_start
     print(f"({len(points)} points in {elapsed:.0f} s)")
+    others = load.cores_used()
+    if OtherLoad.warning(others):
+        print(OtherLoad.warning(others), file=sys.stderr)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -295,6 +315,8 @@ def run(args) -> int:
             hinamoe=__version__, tier=tier, isa=args.isa, rotary=not args.no_rotary,
             read_bandwidth_gbs={str(k): v for k, v in bandwidth.items()},
             read_bandwidth_probes_gbs={str(k): v for k, v in probe.runs.items()},
+            fma_peak_per_s={str(k): v for k, v in fma.best().items()},
+            other_processes_cores=others,
             bandwidth_probe_bytes=bw_bytes, repeats=repeats, seed=args.seed, elapsed_s=elapsed,
             shapes={n: asdict(ATTENTION_SHAPES[n]) for n in names},
             notes=["gbs = K+V bytes read per step (2*B*kv_heads*context*head_dim*itemsize) / median time",

@@ -96,7 +96,7 @@ def print_gqa_table(points) -> None:
     for p in points:
         by_key.setdefault((p.shape, p.dtype, p.batch, p.threads, p.context), {})[p.ep] = p
     head = (f"{'shape':<16}{'dtype':>6}{'B':>3}{'thr':>4}{'context':>8}{'HinaMoE ms':>12}{'GB/s':>7}{'%BW':>6}"
-            f"{'CPU EP ms':>11}{'GB/s':>7}{'%BW':>6}{'x CPU':>7}{'diff':>9}")
+            f"{'%roof':>6}{'CPU EP ms':>11}{'GB/s':>7}{'%BW':>6}{'x CPU':>7}{'diff':>9}")
     print()
     print(head)
     print("-" * len(head))
@@ -110,12 +110,14 @@ def print_gqa_table(points) -> None:
         for p, w in ((h, 12), (c, 11)):
             cols += (f"{_fmt(p and p.median_ms, '.3f'):>{w}}{_fmt(p and p.gbs, '.1f'):>7}"
                      f"{_fmt(p and p.pct_bw, '.0f'):>6}")
+            if p is h:
+                cols += f"{_fmt(h and h.pct_roof, '.0f'):>6}"
         cols += (f"{_fmt(h and h.speedup_vs_cpu, '.2f'):>7}"
                  f"{_fmt(h and h.max_rel_diff_vs_cpu, '.1e'):>9}")
         print(cols)
     print()
     print("GB/s = K+V bytes read per decode step / median time; %BW = of the measured read "
-          "bandwidth;\nx CPU = speed-up over ORT's CPU EP on the same node; diff = max |HinaMoE - "
+          "bandwidth;\n%roof = of min(read bandwidth, FMA peak x element size / G);\nx CPU = speed-up over ORT's CPU EP on the same node; diff = max |HinaMoE - "
           "CPU EP| / max |CPU EP|.")
 
 
