@@ -35,7 +35,7 @@ def test_list_shapes(capsys):
 
 def test_bad_choices(capsys):
     assert main(["gqa", "--shapes", "nope", "--no-progress"]) == 2
-    assert main(["gqa", "--dtypes", "bf16", "--no-progress"]) == 2
+    assert main(["gqa", "--dtypes", "f64", "--no-progress"]) == 2
 
 
 def test_tiny_gqa_run(tmp_path, capsys):
@@ -63,3 +63,21 @@ def test_tiny_gqa_run(tmp_path, capsys):
         assert p["max_rel_diff_vs_cpu"] is not None and p["max_rel_diff_vs_cpu"] < limit
     assert (tmp_path / "gqa-latency.png").stat().st_size > 1000
     assert "gpt-oss-20b" in capsys.readouterr().out
+
+
+def test_bf16_runs_on_hinamoe_alone(tmp_path):
+    """bf16: ORT's CPU EP has no bf16 GroupQueryAttention, so the points are
+    HinaMoE's only, with K/V bytes at 2 per element and a 2-byte roofline."""
+    argv = ["gqa", "--shapes", "qwen3-30b-a3b", "--contexts", "65", "--batches", "1",
+            "--threads", "1", "--dtypes", "bf16", "--repeats", "2", "--warmup", "1",
+            "--max-layers", "1", "--bw-bytes", "0.03", "--no-progress", "--no-plot",
+            "--out", str(tmp_path)]
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    pts = res["points"]
+    assert [p["ep"] for p in pts] == ["HinaMoE"] and pts[0]["dtype"] == "bf16"
+    p = pts[0]
+    assert p["kv_bytes"] == 2 * 1 * 4 * 65 * 128 * 2  # K+V, 4 KV heads, d 128, bf16
+    assert p["gbs"] > 0 and p["speedup_vs_cpu"] is None
+    fma = res["meta"]["fma_peak_per_s"]["1"]
+    assert p["roof_gbs"] == pytest.approx(min(res["meta"]["read_bandwidth_gbs"]["1"], fma * 2 / 8 / 1e9))

@@ -24,7 +24,8 @@ HELP = "time one GroupQueryAttention decode step at real attention shapes (HinaM
 DESCRIPTION = """\
 Time one com.microsoft::GroupQueryAttention decode step (S = 1) per layer at
 the attention shapes of real models, as onnxruntime-genai runs it: float32
-(or float16 with --dtypes),
+(or float16 / bfloat16 with --dtypes; ORT's CPU EP has no bfloat16 GQA, so
+bf16 points have no CPU EP column),
 rotary inside the op (cos/sin caches), the KV cache shared between past and
 present (IOBinding), seqlens_k = context - 1.
 
@@ -67,7 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=csv(int), default=None, metavar="T,...",
                    help="intra_op_num_threads values (default: 1,2)")
     g.add_argument("--dtypes", type=csv(str), default=None, metavar="D,...",
-                   help="element types of the node: f32, f16 (default: f32)")
+                   help="element types of the node: f32, f16, bf16 (default: f32; "
+                        "bf16 runs on HinaMoE only: ORT's CPU EP has no bf16 GQA)")
     g.add_argument("--isa", default="auto",
                    help="HinaMoE kernel tier: auto, ref, avx2, ... (default: auto)")
     g.add_argument("--no-rotary", action="store_true",
@@ -106,7 +108,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class GqaPoint:
     shape: str
     ep: str  # "HinaMoE" or "CPU"
-    dtype: str  # f32 / f16
+    dtype: str  # f32 / f16 / bf16
     threads: int
     batch: int
     context: int
@@ -140,18 +142,20 @@ class _Layer:
         self.out = np.zeros((batch, 1, cfg.num_heads * cfg.head_dim), dt)
 
     def bind(self, sess):
-        import onnxruntime as ort
+        from ..models.gqa_layer import ortvalue  # bfloat16-aware, shares the numpy buffer
 
         io = sess.io_binding()
-        for name, arr in self.step.feeds().items():
-            io.bind_cpu_input(name, np.ascontiguousarray(arr))
-        k = ort.OrtValue.ortvalue_from_numpy(self.cache.key)
-        v = ort.OrtValue.ortvalue_from_numpy(self.cache.value)
+        # The OrtValues share the numpy buffers; keep both alive with the layer.
+        feeds = {name: ortvalue(arr) for name, arr in self.step.feeds().items()}
+        k, v, out = ortvalue(self.cache.key), ortvalue(self.cache.value), ortvalue(self.out)
+        self.bound = [feeds, k, v, out]
+        for name, val in feeds.items():
+            io.bind_ortvalue_input(name, val)
         io.bind_ortvalue_input("past_key", k)
         io.bind_ortvalue_input("past_value", v)
         io.bind_ortvalue_output("present_key", k)
         io.bind_ortvalue_output("present_value", v)
-        io.bind_ortvalue_output("output", ort.OrtValue.ortvalue_from_numpy(self.out))
+        io.bind_ortvalue_output("output", out)
         return io
 
 
@@ -190,8 +194,8 @@ def run(args) -> int:
     except ValueError as exc:
         print(f"--dtypes: {exc}", file=sys.stderr)
         return 2
-    if any(d not in ("f32", "f16") for d in dtypes):
-        print("--dtypes: f32 and f16 only", file=sys.stderr)
+    if any(d not in ("f32", "f16", "bf16") for d in dtypes):
+        print("--dtypes: f32, f16 and bf16 only", file=sys.stderr)
         return 2
     contexts = args.contexts or ([512, 2048, 8192] if quick else list(DEFAULT_CONTEXTS))
     batches = args.batches or ([1] if quick else list(DEFAULT_BATCHES))
@@ -232,7 +236,11 @@ def run(args) -> int:
     print("FMA peak (before): " + fma.describe())
 
     eps = (["HinaMoE"] if run_hina else []) + (["CPU"] if run_cpu else [])
-    total = len(names) * len(dtypes) * len(batches) * len(contexts) * len(threads) * len(eps)
+    # ORT's CPU EP has no bfloat16 GroupQueryAttention: bf16 runs on HinaMoE alone.
+    def eps_for(dt):
+        return [e for e in eps if not (dt == "bf16" and e == "CPU")]
+
+    total = len(names) * sum(len(eps_for(d)) for d in dtypes) * len(batches) * len(contexts) * len(threads)
     bar = None
     if tqdm is not None and not args.no_progress:
         bar = tqdm(total=total, unit="pt", desc="hina-bench gqa", dynamic_ncols=True, file=sys.stderr)
@@ -242,10 +250,10 @@ def run(args) -> int:
         for name, dt in ((n, d) for n in names for d in dtypes):
             shape = ATTENTION_SHAPES[name]
             cfg = shape.config(do_rotary=not args.no_rotary, dtype=canon_dtype(dt))
-            itemsize = 2 if dt == "f16" else 4
+            itemsize = 4 if dt == "f32" else 2
             model_bytes = build_gqa_model(cfg, name=name).SerializeToString()
             sessions = {(ep, t): make_session(model_bytes, ep, t, {"isa": args.isa})
-                        for ep in eps for t in threads}
+                        for ep in eps_for(dt) for t in threads}
             for batch in batches:
                 for context in contexts:
                     per_layer = shape.kv_bytes(batch, context + 16, itemsize)
@@ -258,7 +266,7 @@ def run(args) -> int:
                     warm = args.warmup if args.warmup is not None else max(2, n_layers)
                     for thr in threads:
                         outs = {}
-                        for ep in eps:
+                        for ep in eps_for(dt):
                             if bar:
                                 bar.set_postfix_str(f"{name} {dt} B={batch} ctx={context} {ep} {thr}thr")
                             times, out = _time(sessions[(ep, thr)], layers, repeats, warm)
@@ -292,7 +300,7 @@ def run(args) -> int:
         bw = bandwidth.get(p.threads)
         p.pct_bw = 100.0 * p.gbs / bw if bw else None
         shape = ATTENTION_SHAPES[p.shape]
-        p.roof_gbs = roofline_gbs(bw, fma.best().get(p.threads), 2 if p.dtype == "f16" else 4,
+        p.roof_gbs = roofline_gbs(bw, fma.best().get(p.threads), 4 if p.dtype == "f32" else 2,
                                   shape.num_heads // shape.kv_num_heads)
         p.pct_roof = 100.0 * p.gbs / p.roof_gbs if p.roof_gbs else None
 
