@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "ep.h"
@@ -187,10 +186,7 @@ OrtStatus* GqaKernel::compute(OrtKernelContext* context) const {
   }
   if (b == 0) return nullptr;
 
-  hinamoe::Parallel par;
-  par.run = ort_parallel_for;
-  par.pool = &ctx;
-  par.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const hinamoe::Parallel par = ort_parallel(ctx);
   std::string why = hinamoe::gqa(gs, attrs.op, t, *tier, par);
   if (!why.empty()) {
     const std::string op_prefix = "GroupQueryAttention: ";  // error() names the op already

@@ -1,7 +1,9 @@
 #include "kernel_base.h"
 
+#include <algorithm>
 #include <atomic>
 #include <sstream>
+#include <thread>
 
 namespace hinamoe_ep {
 
@@ -12,6 +14,8 @@ std::string shape_str(const std::vector<int64_t>& s) {
   os << "]";
   return os.str();
 }
+
+namespace {
 
 void ort_parallel_for(void* pool, size_t n, void (*fn)(void*, size_t), void* arg) {
   const auto* ctx = static_cast<const Ort::KernelContext*>(pool);
@@ -35,6 +39,16 @@ void ort_parallel_for(void* pool, size_t n, void (*fn)(void*, size_t), void* arg
       c->fn(c->arg, i);
   };
   ctx->ParallelFor(task, n, 0, &claim);
+}
+
+}  // namespace
+
+hinamoe::Parallel ort_parallel(const Ort::KernelContext& ctx) {
+  hinamoe::Parallel par;
+  par.run = ort_parallel_for;
+  par.pool = const_cast<Ort::KernelContext*>(&ctx);
+  par.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return par;
 }
 
 }  // namespace hinamoe_ep

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/parallel.h"
 #include "ort_api.h"
 
 namespace hinamoe_ep {
@@ -14,10 +15,10 @@ namespace hinamoe_ep {
 // "[2, 3, 4]", for error messages.
 std::string shape_str(const std::vector<int64_t>& s);
 
-// hinamoe::Parallel's pool callback: runs fn over the session's intra-op
-// pool, items claimed dynamically (not ORT's static batches); `pool` is the
-// Ort::KernelContext of the running node.
-void ort_parallel_for(void* pool, size_t n, void (*fn)(void*, size_t), void* arg);
+// The kernels' threads: the session's intra-op pool of the running node
+// (`ctx` must outlive the returned Parallel), items claimed dynamically,
+// not in ORT's static batches.
+hinamoe::Parallel ort_parallel(const Ort::KernelContext& ctx);
 
 // Derived supplies `OrtStatus* compute(OrtKernelContext*) const`; `op` is
 // the op type used in messages.

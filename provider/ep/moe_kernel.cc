@@ -1,7 +1,6 @@
 #include "moe_kernel.h"
 
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "ep.h"
@@ -112,10 +111,7 @@ OrtStatus* MoEKernel::compute(OrtKernelContext* context) const {
   Ort::UnownedValue out = ctx.GetOutput(0, xs);
   t.output = s.tokens > 0 ? out.GetTensorMutableRawData() : nullptr;
 
-  hinamoe::Parallel par;
-  par.run = ort_parallel_for;
-  par.pool = &ctx;
-  par.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const hinamoe::Parallel par = ort_parallel(ctx);
   // Validates attributes against the shapes, then runs (nothing for 0 tokens).
   hinamoe::MoEOptions opt;
   opt.topology = topology.get();

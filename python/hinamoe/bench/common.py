@@ -130,24 +130,31 @@ class OtherLoad:
                 "its timings are not this machine's (rerun on a quiet machine)")
 
 
-class FmaProbe:
-    """Float lane-FMA rate per thread count (hinamoe.measure_fma_peak), probed
-    before and after a run like BandwidthProbe; the larger value is used."""
+class _PerThreadProbe:
+    """A machine probe run per thread count before and after a benchmark;
+    the larger value is used (another process on the machine lowers a probe
+    more than it raises one). Subclasses give measure(threads) and fmt(value)."""
+
+    what = "probe"
 
     def __init__(self, threads: list[int]):
         self.runs: dict[int, list[float]] = {t: [] for t in threads}
         self.ok = True
 
+    def measure(self, threads: int) -> float:
+        raise NotImplementedError
+
+    def fmt(self, value: float) -> str:
+        raise NotImplementedError
+
     def probe(self) -> None:
         if not self.ok:
             return
-        import hinamoe
-
         for t in self.runs:
             try:
-                self.runs[t].append(float(hinamoe.measure_fma_peak(threads=t)))
+                self.runs[t].append(float(self.measure(t)))
             except Exception as exc:  # noqa: BLE001
-                print(f"note: FMA-rate probe unavailable ({exc})", file=sys.stderr)
+                print(f"note: {self.what} unavailable ({exc})", file=sys.stderr)
                 self.ok = False
                 return
 
@@ -155,48 +162,93 @@ class FmaProbe:
         return {t: (max(v) if v else None) for t, v in self.runs.items()}
 
     def describe(self) -> str:
-        return ", ".join(f"{t} thr {r / 1e9:.1f} G lane-FMA/s" if r else f"{t} thr n/a"
-                         for t, r in self.best().items())
+        return ", ".join(f"{t} thr {self.fmt(v)}" if v else f"{t} thr n/a" for t, v in self.best().items())
 
 
-def roofline_gbs(bandwidth_gbs: float | None, fma_per_s: float | None, bytes_per_weight: int,
-                 tokens_per_expert: int) -> float | None:
-    """The fastest a weight stream can run (GB/s of weights) at n tokens per
-    expert: each weight element takes n FMAs, so the stream is bound by the
-    read bandwidth and by FMA rate x bytes per weight / n, whichever is lower."""
+class BandwidthProbe(_PerThreadProbe):
+    """Read bandwidth in GB/s per thread count (the kernel library's AVX2 reader)."""
+
+    what = "read-bandwidth probe"
+
+    def __init__(self, threads: list[int], nbytes: int, repeats: int):
+        super().__init__(threads)
+        self.nbytes, self.repeats = nbytes, repeats
+
+    def measure(self, threads: int) -> float:
+        import hinamoe
+
+        return hinamoe.measure_read_bandwidth(threads=threads, nbytes=self.nbytes, repeats=self.repeats)
+
+    def fmt(self, value: float) -> str:
+        return f"{value:.1f} GB/s"
+
+
+class FmaProbe(_PerThreadProbe):
+    """Float lane-FMA rate per thread count (hinamoe.measure_fma_peak)."""
+
+    what = "FMA-rate probe"
+
+    def measure(self, threads: int) -> float:
+        import hinamoe
+
+        return hinamoe.measure_fma_peak(threads=threads)
+
+    def fmt(self, value: float) -> str:
+        return f"{value / 1e9:.1f} G lane-FMA/s"
+
+
+def roofline_gbs(bandwidth_gbs: float | None, fma_per_s: float | None, bytes_per_elem: int,
+                 fmas_per_elem: int) -> float | None:
+    """The fastest a stream can run (GB/s) when each element read takes
+    `fmas_per_elem` FMAs (a weight at n tokens per expert: n; a K/V element
+    in GQA decode: G): the lower of the read bandwidth and FMA rate x bytes
+    per element / FMAs per element."""
     if not bandwidth_gbs:
         return None
     if not fma_per_s:
         return bandwidth_gbs
-    return min(bandwidth_gbs, fma_per_s * bytes_per_weight / tokens_per_expert / 1e9)
+    return min(bandwidth_gbs, fma_per_s * bytes_per_elem / fmas_per_elem / 1e9)
 
 
-class BandwidthProbe:
-    """Read bandwidth per thread count (the kernel library's AVX2 reader),
-    probed before and after a run; the larger value is used (another process
-    on the machine lowers a probe more than it raises one)."""
+class MachineProbes:
+    """What every benchmark is measured against, taken before and after its
+    points: read bandwidth and FMA rate per thread count, and the CPU other
+    processes used meanwhile."""
 
-    def __init__(self, threads: list[int], nbytes: int, repeats: int):
-        self.nbytes, self.repeats = nbytes, repeats
-        self.runs: dict[int, list[float]] = {t: [] for t in threads}
-        self.ok = True
+    def __init__(self, threads: list[int], bw_bytes: int, quick: bool):
+        self.load = OtherLoad()
+        self.bandwidth = BandwidthProbe(threads, bw_bytes, repeats=3 if quick else 5)
+        self.fma = FmaProbe(threads)
+        self.others: float | None = None
+        self._probe()
 
-    def probe(self) -> None:
-        if not self.ok:
-            return
-        for t in self.runs:
-            try:
-                import hinamoe
+    def _probe(self) -> None:
+        self.bandwidth.probe()
+        self.fma.probe()
 
-                self.runs[t].append(float(hinamoe.measure_read_bandwidth(
-                    threads=t, nbytes=self.nbytes, repeats=self.repeats)))
-            except Exception as exc:  # noqa: BLE001
-                print(f"note: read-bandwidth probe unavailable ({exc})", file=sys.stderr)
-                self.ok = False
-                return
+    def describe(self, when: str) -> str:
+        return (f"read bandwidth ({when}): {self.bandwidth.describe()}\n"
+                f"FMA peak ({when}): {self.fma.describe()}")
 
-    def best(self) -> dict[int, float | None]:
-        return {t: (max(v) if v else None) for t, v in self.runs.items()}
+    def finish(self) -> None:
+        """The probes after the points, and the other processes' load."""
+        self._probe()
+        self.others = self.load.cores_used()
 
-    def describe(self) -> str:
-        return ", ".join(f"{t} thr {bw:.1f} GB/s" if bw else f"{t} thr n/a" for t, bw in self.best().items())
+    def rate(self, point, bytes_per_elem: int, fmas_per_elem: int) -> None:
+        """Sets point.pct_bw, roof_gbs and pct_roof from point.gbs and threads."""
+        bw = self.bandwidth.best().get(point.threads)
+        point.pct_bw = 100.0 * point.gbs / bw if bw else None
+        point.roof_gbs = roofline_gbs(bw, self.fma.best().get(point.threads), bytes_per_elem, fmas_per_elem)
+        point.pct_roof = 100.0 * point.gbs / point.roof_gbs if point.roof_gbs else None
+
+    def warning(self) -> str | None:
+        return OtherLoad.warning(self.others)
+
+    def meta(self) -> dict:
+        """The probes' entries of a results.json meta."""
+        return dict(read_bandwidth_gbs={str(k): v for k, v in self.bandwidth.best().items()},
+                    read_bandwidth_probes_gbs={str(k): v for k, v in self.bandwidth.runs.items()},
+                    bandwidth_probe_bytes=self.bandwidth.nbytes,
+                    fma_peak_per_s={str(k): v for k, v in self.fma.best().items()},
+                    other_processes_cores=self.others)

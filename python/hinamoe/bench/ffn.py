@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from .common import BandwidthProbe, FmaProbe, OtherLoad, cpu_name, csv, hinamoe_tier, l3_bytes, make_session, roofline_gbs
+from .common import MachineProbes, cpu_name, csv, hinamoe_tier, l3_bytes, make_session
 
 NAME = "ffn"
 HELP = "time a single MoE FFN node at real expert shapes (HinaMoE vs ORT CPU EP)"
@@ -233,16 +233,11 @@ def run(args) -> int:
             return 1
 
     l3 = l3_bytes()
-    load = OtherLoad()
-    probe = BandwidthProbe(threads, bw_bytes, repeats=3 if quick else 5)
-    probe.probe()
-    fma = FmaProbe(threads)
-    fma.probe()
+    probes = MachineProbes(threads, bw_bytes, quick)
     print(f"machine: {cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
           f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa}"
           + (f", numa=fake:{args.numa_sim}" if args.numa_sim else "") + ")")
-    print("read bandwidth (before): " + probe.describe())
-    print("FMA peak (before): " + fma.describe())
+    print(probes.describe("before"))
 
     # Which (dtype, EP) sessions per model: HinaMoE for --dtypes; CPU EP for f32
     # (always, as the baseline) and f16 when asked.
@@ -346,15 +341,9 @@ def run(args) -> int:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    probe.probe()
-    fma.probe()
-    bandwidth = probe.best()
-    for p in points:
-        bw = bandwidth.get(p.threads)
-        p.pct_bw = 100.0 * p.gbs / bw if bw else None
-        p.roof_gbs = roofline_gbs(bw, fma.best().get(p.threads),
-                                  np_dtype(canon_dtype(p.dtype)).itemsize, p.tokens_per_expert)
-        p.pct_roof = 100.0 * p.gbs / p.roof_gbs if p.roof_gbs else None
+    probes.finish()
+    for p in points:  # each weight element takes one FMA per token
+        probes.rate(p, np_dtype(canon_dtype(p.dtype)).itemsize, p.tokens_per_expert)
     _fill_speedups(points)
     # the max_rel_diff is recorded on the second EP's point; copy to HinaMoE's
     for p in points:
@@ -367,14 +356,12 @@ def run(args) -> int:
 
     from .report import print_table, plot_latency
 
-    print("read bandwidth (max of the probes before/after): " + probe.describe())
-    print("FMA peak (max of the probes before/after): " + fma.describe())
-    print_table(points, bandwidth)
+    print(probes.describe("max of the probes before/after"))
+    print_table(points)
     elapsed = time.time() - t_start
     print(f"({len(points)} points in {elapsed:.0f} s)")
-    others = load.cores_used()
-    if OtherLoad.warning(others):
-        print(OtherLoad.warning(others), file=sys.stderr)
+    if probes.warning():
+        print(probes.warning(), file=sys.stderr)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -383,11 +370,7 @@ def run(args) -> int:
             cpu=cpu_name(), cores=cores, l3_bytes=l3, onnxruntime=ort.__version__,
             hinamoe=__version__,
             tier=tier, isa=args.isa, numa_sim=args.numa_sim,
-            read_bandwidth_gbs={str(k): v for k, v in bandwidth.items()},
-            read_bandwidth_probes_gbs={str(k): v for k, v in probe.runs.items()},
-            fma_peak_per_s={str(k): v for k, v in fma.best().items()},
-            other_processes_cores=others,
-            bandwidth_probe_bytes=bw_bytes, repeats=repeats, seed=args.seed,
+            **probes.meta(), repeats=repeats, seed=args.seed,
             layers=layers, elapsed_s=elapsed,
             notes=["gbs = active experts' weight bytes in the model dtype / median time",
                    "CPU EP converts f16 weights to f32 at session creation",

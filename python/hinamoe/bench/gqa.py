@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from .common import (BandwidthProbe, FmaProbe, OtherLoad, cpu_name, csv, hinamoe_tier, l3_bytes, make_session,
-                     roofline_gbs)
+from .common import MachineProbes, cpu_name, csv, hinamoe_tier, l3_bytes, make_session
 
 NAME = "gqa"
 HELP = "time one GroupQueryAttention decode step at real attention shapes (HinaMoE vs ORT CPU EP)"
@@ -225,15 +224,10 @@ def run(args) -> int:
             return 1
 
     l3 = l3_bytes()
-    load = OtherLoad()
-    probe = BandwidthProbe(threads, bw_bytes, repeats=3 if quick else 5)
-    probe.probe()
-    fma = FmaProbe(threads)
-    fma.probe()
+    probes = MachineProbes(threads, bw_bytes, quick)
     print(f"machine: {cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
           f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa})")
-    print("read bandwidth (before): " + probe.describe())
-    print("FMA peak (before): " + fma.describe())
+    print(probes.describe("before"))
 
     eps = (["HinaMoE"] if run_hina else []) + (["CPU"] if run_cpu else [])
     # ORT's CPU EP has no bfloat16 GroupQueryAttention: bf16 runs on HinaMoE alone.
@@ -293,27 +287,19 @@ def run(args) -> int:
         if bar:
             bar.close()
 
-    probe.probe()
-    fma.probe()
-    bandwidth = probe.best()
-    for p in points:
-        bw = bandwidth.get(p.threads)
-        p.pct_bw = 100.0 * p.gbs / bw if bw else None
+    probes.finish()
+    for p in points:  # each K/V element meets the G query heads of its KV head
         shape = ATTENTION_SHAPES[p.shape]
-        p.roof_gbs = roofline_gbs(bw, fma.best().get(p.threads), 4 if p.dtype == "f32" else 2,
-                                  shape.num_heads // shape.kv_num_heads)
-        p.pct_roof = 100.0 * p.gbs / p.roof_gbs if p.roof_gbs else None
+        probes.rate(p, 4 if p.dtype == "f32" else 2, shape.num_heads // shape.kv_num_heads)
 
     from .report import plot_gqa_latency, print_gqa_table
 
-    print("read bandwidth (max of the probes before/after): " + probe.describe())
-    print("FMA peak (max of the probes before/after): " + fma.describe())
+    print(probes.describe("max of the probes before/after"))
     print_gqa_table(points)
     elapsed = time.time() - t_start
     print(f"({len(points)} points in {elapsed:.0f} s)")
-    others = load.cores_used()
-    if OtherLoad.warning(others):
-        print(OtherLoad.warning(others), file=sys.stderr)
+    if probes.warning():
+        print(probes.warning(), file=sys.stderr)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -321,11 +307,7 @@ def run(args) -> int:
             command="hina-bench gqa", argv=sys.argv[1:], time=time.strftime("%Y-%m-%d %H:%M:%S"),
             cpu=cpu_name(), cores=cores, l3_bytes=l3, onnxruntime=ort.__version__,
             hinamoe=__version__, tier=tier, isa=args.isa, rotary=not args.no_rotary,
-            read_bandwidth_gbs={str(k): v for k, v in bandwidth.items()},
-            read_bandwidth_probes_gbs={str(k): v for k, v in probe.runs.items()},
-            fma_peak_per_s={str(k): v for k, v in fma.best().items()},
-            other_processes_cores=others,
-            bandwidth_probe_bytes=bw_bytes, repeats=repeats, seed=args.seed, elapsed_s=elapsed,
+            **probes.meta(), repeats=repeats, seed=args.seed, elapsed_s=elapsed,
             shapes={n: asdict(ATTENTION_SHAPES[n]) for n in names},
             notes=["gbs = K+V bytes read per step (2*B*kv_heads*context*head_dim*itemsize) / median time",
                    "speedup_vs_cpu: CPU EP median / HinaMoE median on the same node and buffers"])

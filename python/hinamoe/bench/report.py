@@ -9,7 +9,7 @@ def _fmt(v, spec, empty="-"):
     return empty if v is None else format(v, spec)
 
 
-def print_table(points, bandwidth=None) -> None:
+def print_table(points) -> None:
     """One row per point, grouped by model; speed-ups are CPU EP time / HinaMoE time."""
     head = (f"{'model':<16}{'dtype':>6}{'EP':>8}{'thr':>4}{'n/exp':>6}{'T':>4}"
             f"{'ms':>10}{'GB/s':>8}{'%BW':>6}{'%roof':>6}{'x CPU':>7}{'x CPUf32':>9}{'diff':>9}")
