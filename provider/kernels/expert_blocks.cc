@@ -93,9 +93,9 @@ std::string expert_outputs_blocks(const MoEShape& shape, const MoEAttrs& at, con
   std::mutex err_mu;
   std::string err;
   auto guarded = [&](auto&& fn) {
-    return [&, fn](size_t i) {
+    return [&, fn](const auto& arg) {
       try {
-        fn(i);
+        fn(arg);
       } catch (const std::exception& ex) {
         std::lock_guard<std::mutex> lock(err_mu);
         if (err.empty()) err = ex.what();
@@ -200,23 +200,21 @@ std::string expert_outputs_blocks(const MoEShape& shape, const MoEAttrs& at, con
     return err;
   }
 
+  // Gate/up and down in one pass over the pool (moe_work.h).
   const std::vector<Item> up_items = make_items(routes, E, I, par.threads, kb.row_block);
-  par.for_each(up_items.size(), guarded([&](size_t i) {
-    const Item it = up_items[i];
-    const int64_t e = it.expert, M = begin[e + 1] - begin[e];
-    kb.gate_up(at, H, I, w16(t.fc1_w, e * F1 * H), bias(t.fc1_b, e * F1),
-               t.fc3_w ? w16(t.fc3_w, e * I * H) : nullptr, bias(t.fc3_b, e * I), dt, &xv[xoff[e]], M, it.b0,
-               it.b1, &actv[aoff[e]]);
-  }));
-  if (!err.empty()) return err;
-
   const std::vector<Item> down_items = make_items(routes, E, H, par.threads, kb.row_block);
-  par.for_each(down_items.size(), guarded([&](size_t i) {
-    const Item it = down_items[i];
-    const int64_t e = it.expert, p0 = begin[e], M = begin[e + 1] - p0;
-    kb.down(H, I, w16(t.fc2_w, e * H * I), bias(t.fc2_b, e * H), dt, &actv[aoff[e]], M, it.b0, it.b1, nullptr,
-            false, yr + p0 * H, H);
-  }));
+  run_up_then_down(
+      par, up_items, down_items, E, guarded([&](const Item& it) {
+        const int64_t e = it.expert, M = begin[e + 1] - begin[e];
+        kb.gate_up(at, H, I, w16(t.fc1_w, e * F1 * H), bias(t.fc1_b, e * F1),
+                   t.fc3_w ? w16(t.fc3_w, e * I * H) : nullptr, bias(t.fc3_b, e * I), dt, &xv[xoff[e]], M, it.b0,
+                   it.b1, &actv[aoff[e]]);
+      }),
+      guarded([&](const Item& it) {
+        const int64_t e = it.expert, p0 = begin[e], M = begin[e + 1] - p0;
+        kb.down(H, I, w16(t.fc2_w, e * H * I), bias(t.fc2_b, e * H), dt, &actv[aoff[e]], M, it.b0, it.b1, nullptr,
+                false, yr + p0 * H, H);
+      }));
   return err;
 }
 

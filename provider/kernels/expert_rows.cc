@@ -1,6 +1,7 @@
 // Per-route expert outputs for the row-streaming tiers (ref, avx2, and the
 // f32/f16 weights of the AMX tiers): phase 1 gate/up GEMM + bias +
-// activation, phase 2 down GEMM + bias, as (expert, row block) items.
+// activation, phase 2 down GEMM + bias, as (expert, row block) items, run
+// as one pass over the pool (run_up_then_down).
 //
 // NUMA (more than one node): each GEMM phase becomes (a) node-partitioned
 // items (node, expert, row block): a worker claims the items of the node it
@@ -11,6 +12,7 @@
 // (expert, row block) the partials of nodes 1.. are added in node order and
 // the epilogue (bias, activation) runs. One node: the plain path.
 #include <cstring>
+#include <functional>
 #include <memory>
 
 #include "activation.h"
@@ -121,110 +123,109 @@ std::vector<float> expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at
     });
   }
 
-  // Phase 1: gate/up GEMM, fc1/fc3 bias, activation -> act [R, I].
-  {
-    const std::vector<Item> items = make_items(routes, E, I, par.threads);
-    const char* fc1 = static_cast<const char*>(t.fc1_w);
-    const char* fc3 = static_cast<const char*>(t.fc3_w);
-    // Epilogue of an item: bias (per fc1/fc3 row), then the activation.
-    auto epilogue = [&](const Item& it) {
+  // Phase 1: gate/up GEMM, fc1/fc3 bias, activation -> act [R, I]. Without
+  // NUMA its per-item work goes into `up` and runs fused with phase 2 below.
+  const std::vector<Item> up_items = make_items(routes, E, I, par.threads);
+  std::function<void(const Item&)> up;
+  const char* fc1 = static_cast<const char*>(t.fc1_w);
+  const char* fc3 = static_cast<const char*>(t.fc3_w);
+  // Epilogue of an item: bias (per fc1/fc3 row), then the activation.
+  auto epilogue = [&](const Item& it) {
+    const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
+    const int64_t p0 = begin[e], M = begin[e + 1] - p0;
+    const float* Y = &h1[p0 * N1];
+    for (int64_t m = 0; m < M; ++m) {
+      const float* y = Y + m * N1;
+      float* a = &act[(p0 + m) * lda];
+      if (!gated) {
+        for (int64_t j = j0; j < j1; ++j) {
+          const float b = t.fc1_b ? load_as_f32(t.fc1_b, e * F1 + j, dt) : 0.0f;
+          a[j] = activate(at.activation, y[j] + b);
+        }
+        continue;
+      }
+      const bool inter = at.gate_layout == GateLayout::Interleaved;
+      for (int64_t j = j0; j < j1; ++j) {
+        const int64_t gi = inter ? 2 * j : j, ui = inter ? 2 * j + 1 : I + j;
+        float g = y[gi], u = y[ui];
+        if (t.fc1_b) g += load_as_f32(t.fc1_b, e * F1 + gi, dt);
+        if (at.gate_layout == GateLayout::Separate) {
+          if (t.fc3_b) u += load_as_f32(t.fc3_b, e * I + j, dt);
+        } else if (t.fc1_b) {
+          u += load_as_f32(t.fc1_b, e * F1 + ui, dt);
+        }
+        a[j] = activate_gated(at, g, u);
+      }
+    }
+  };
+  if (nr == nullptr) {
+    up = [&](const Item& it) {
       const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
       const int64_t p0 = begin[e], M = begin[e + 1] - p0;
-      const float* Y = &h1[p0 * N1];
-      for (int64_t m = 0; m < M; ++m) {
-        const float* y = Y + m * N1;
-        float* a = &act[(p0 + m) * lda];
-        if (!gated) {
-          for (int64_t j = j0; j < j1; ++j) {
-            const float b = t.fc1_b ? load_as_f32(t.fc1_b, e * F1 + j, dt) : 0.0f;
-            a[j] = activate(at.activation, y[j] + b);
-          }
-          continue;
-        }
-        const bool inter = at.gate_layout == GateLayout::Interleaved;
-        for (int64_t j = j0; j < j1; ++j) {
-          const int64_t gi = inter ? 2 * j : j, ui = inter ? 2 * j + 1 : I + j;
-          float g = y[gi], u = y[ui];
-          if (t.fc1_b) g += load_as_f32(t.fc1_b, e * F1 + gi, dt);
-          if (at.gate_layout == GateLayout::Separate) {
-            if (t.fc3_b) u += load_as_f32(t.fc3_b, e * I + j, dt);
-          } else if (t.fc1_b) {
-            u += load_as_f32(t.fc1_b, e * F1 + ui, dt);
-          }
-          a[j] = activate_gated(at, g, u);
-        }
+      const float* X = &xs[p0 * ldx];
+      float* Y = &h1[p0 * N1];
+      const void* w1 = fc1 + e * F1 * H * es;
+      if (!gated) {
+        gemm(w1, H, j0, j1, X, ldx, M, Y + j0, N1);
+      } else if (at.gate_layout == GateLayout::Interleaved) {
+        gemm(w1, H, 2 * j0, 2 * j1, X, ldx, M, Y + 2 * j0, N1);
+      } else if (at.gate_layout == GateLayout::Stacked) {
+        gemm(w1, H, j0, j1, X, ldx, M, Y + j0, N1);
+        gemm(w1, H, I + j0, I + j1, X, ldx, M, Y + I + j0, N1);
+      } else {
+        gemm(w1, H, j0, j1, X, ldx, M, Y + j0, N1);
+        gemm(fc3 + e * I * H * es, H, j0, j1, X, ldx, M, Y + I + j0, N1);
       }
+      epilogue(it);
     };
-    if (nr == nullptr) {
-      par.for_each(items.size(), [&](size_t i) {
-        const Item it = items[i];
-        const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
-        const int64_t p0 = begin[e], M = begin[e + 1] - p0;
-        const float* X = &xs[p0 * ldx];
-        float* Y = &h1[p0 * N1];
-        const void* w1 = fc1 + e * F1 * H * es;
-        if (!gated) {
-          gemm(w1, H, j0, j1, X, ldx, M, Y + j0, N1);
-        } else if (at.gate_layout == GateLayout::Interleaved) {
-          gemm(w1, H, 2 * j0, 2 * j1, X, ldx, M, Y + 2 * j0, N1);
-        } else if (at.gate_layout == GateLayout::Stacked) {
-          gemm(w1, H, j0, j1, X, ldx, M, Y + j0, N1);
-          gemm(w1, H, I + j0, I + j1, X, ldx, M, Y + I + j0, N1);
-        } else {
-          gemm(w1, H, j0, j1, X, ldx, M, Y + j0, N1);
-          gemm(fc3 + e * I * H * es, H, j0, j1, X, ldx, M, Y + I + j0, N1);
-        }
-        epilogue(it);
-      });
-    } else {
-      // (a) node partials: node 0 into h1, node n > 0 into part[n - 1].
-      const int nodes = nr->nodes;
-      std::vector<std::shared_ptr<const numa::SegmentTable>> tab1(static_cast<size_t>(E)), tab3(static_cast<size_t>(E));
-      for (int64_t e = 0; e < E; ++e) {
-        if (begin[e + 1] == begin[e]) continue;
-        tab1[e] = weight_table(*nr, fc1 + e * F1 * H * es, F1, H, dt);
-        if (gated && at.gate_layout == GateLayout::Separate) tab3[e] = weight_table(*nr, fc3 + e * I * H * es, I, H, dt);
-      }
-      const int64_t stride = R * N1;
-      std::vector<float> part(size_t((nodes - 1) * stride));
-      run_node_items(par, *nr, items.size(), [&](int node, size_t i, std::vector<float>& tmp) {
-        const Item it = items[i];
-        const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
-        const int64_t p0 = begin[e], M = begin[e + 1] - p0;
-        const float* X = &xs[p0 * ldx];
-        float* Y = (node == 0 ? h1.data() : &part[(node - 1) * stride]) + p0 * N1;
-        const void* w1 = fc1 + e * F1 * H * es;
-        const numa::SegmentTable& t1 = *tab1[e];
-        if (!gated) {
-          node_partial(t1, node, tier, dt, w1, H, j0, j1, X, ldx, M, Y + j0, N1, tmp);
-        } else if (at.gate_layout == GateLayout::Interleaved) {
-          node_partial(t1, node, tier, dt, w1, H, 2 * j0, 2 * j1, X, ldx, M, Y + 2 * j0, N1, tmp);
-        } else if (at.gate_layout == GateLayout::Stacked) {
-          node_partial(t1, node, tier, dt, w1, H, j0, j1, X, ldx, M, Y + j0, N1, tmp);
-          node_partial(t1, node, tier, dt, w1, H, I + j0, I + j1, X, ldx, M, Y + I + j0, N1, tmp);
-        } else {
-          node_partial(t1, node, tier, dt, w1, H, j0, j1, X, ldx, M, Y + j0, N1, tmp);
-          node_partial(*tab3[e], node, tier, dt, fc3 + e * I * H * es, H, j0, j1, X, ldx, M, Y + I + j0, N1, tmp);
-        }
-      });
-      // (b) reduction in node order, then the epilogue.
-      par.for_each(items.size(), [&](size_t i) {
-        const Item it = items[i];
-        const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
-        const int64_t p0 = begin[e], M = begin[e + 1] - p0;
-        float* Y = &h1[p0 * N1];
-        const float* Pp = part.data() + p0 * N1;
-        if (!gated) {
-          add_partials(Y, Pp, nodes, stride, M, N1, j0, j1);
-        } else if (at.gate_layout == GateLayout::Interleaved) {
-          add_partials(Y, Pp, nodes, stride, M, N1, 2 * j0, 2 * j1);
-        } else {
-          add_partials(Y, Pp, nodes, stride, M, N1, j0, j1);
-          add_partials(Y, Pp, nodes, stride, M, N1, I + j0, I + j1);
-        }
-        epilogue(it);
-      });
+  } else {
+    // (a) node partials: node 0 into h1, node n > 0 into part[n - 1].
+    const int nodes = nr->nodes;
+    std::vector<std::shared_ptr<const numa::SegmentTable>> tab1(static_cast<size_t>(E)), tab3(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+      if (begin[e + 1] == begin[e]) continue;
+      tab1[e] = weight_table(*nr, fc1 + e * F1 * H * es, F1, H, dt);
+      if (gated && at.gate_layout == GateLayout::Separate) tab3[e] = weight_table(*nr, fc3 + e * I * H * es, I, H, dt);
     }
+    const int64_t stride = R * N1;
+    std::vector<float> part(size_t((nodes - 1) * stride));
+    run_node_items(par, *nr, up_items.size(), [&](int node, size_t i, std::vector<float>& tmp) {
+      const Item it = up_items[i];
+      const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
+      const int64_t p0 = begin[e], M = begin[e + 1] - p0;
+      const float* X = &xs[p0 * ldx];
+      float* Y = (node == 0 ? h1.data() : &part[(node - 1) * stride]) + p0 * N1;
+      const void* w1 = fc1 + e * F1 * H * es;
+      const numa::SegmentTable& t1 = *tab1[e];
+      if (!gated) {
+        node_partial(t1, node, tier, dt, w1, H, j0, j1, X, ldx, M, Y + j0, N1, tmp);
+      } else if (at.gate_layout == GateLayout::Interleaved) {
+        node_partial(t1, node, tier, dt, w1, H, 2 * j0, 2 * j1, X, ldx, M, Y + 2 * j0, N1, tmp);
+      } else if (at.gate_layout == GateLayout::Stacked) {
+        node_partial(t1, node, tier, dt, w1, H, j0, j1, X, ldx, M, Y + j0, N1, tmp);
+        node_partial(t1, node, tier, dt, w1, H, I + j0, I + j1, X, ldx, M, Y + I + j0, N1, tmp);
+      } else {
+        node_partial(t1, node, tier, dt, w1, H, j0, j1, X, ldx, M, Y + j0, N1, tmp);
+        node_partial(*tab3[e], node, tier, dt, fc3 + e * I * H * es, H, j0, j1, X, ldx, M, Y + I + j0, N1, tmp);
+      }
+    });
+    // (b) reduction in node order, then the epilogue.
+    par.for_each(up_items.size(), [&](size_t i) {
+      const Item it = up_items[i];
+      const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
+      const int64_t p0 = begin[e], M = begin[e + 1] - p0;
+      float* Y = &h1[p0 * N1];
+      const float* Pp = part.data() + p0 * N1;
+      if (!gated) {
+        add_partials(Y, Pp, nodes, stride, M, N1, j0, j1);
+      } else if (at.gate_layout == GateLayout::Interleaved) {
+        add_partials(Y, Pp, nodes, stride, M, N1, 2 * j0, 2 * j1);
+      } else {
+        add_partials(Y, Pp, nodes, stride, M, N1, j0, j1);
+        add_partials(Y, Pp, nodes, stride, M, N1, I + j0, I + j1);
+      }
+      epilogue(it);
+    });
   }
 
   // Phase 2: down GEMM + fc2 bias -> per-route rows (into xs).
@@ -241,8 +242,7 @@ std::vector<float> expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at
       }
     };
     if (nr == nullptr) {
-      par.for_each(items.size(), [&](size_t i) {
-        const Item it = items[i];
+      run_up_then_down(par, up_items, items, E, up, [&](const Item& it) {
         const int64_t e = it.expert, n0 = it.b0, n1 = it.b1;
         const int64_t p0 = begin[e], M = begin[e + 1] - p0;
         gemm(fc2 + e * H * I * es, I, n0, n1, &act[p0 * lda], lda, M, yr + p0 * H + n0, H);

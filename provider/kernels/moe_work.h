@@ -7,6 +7,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "moe_ffn.h"
@@ -52,6 +53,38 @@ inline std::vector<Item> make_items(const Routes& routes, int64_t experts, int64
       items.push_back({int32_t(e), int32_t(b), int32_t(std::min(rows, b + blk))});
   }
   return items;
+}
+
+// Runs up(item) for every gate/up item, then down(item) for every down item,
+// in ONE pass over the pool instead of two: the down items come after all
+// gate/up items in claim order, and each waits only until the gate/up items
+// of its own expert are done. A thread that finishes its last gate/up item
+// starts streaming down weights at once rather than idling at a barrier while
+// another thread finishes its item (MoE with small experts, e.g. Qwen3 at one
+// token per expert: +10-15% by in-process A/B on this machine; neutral on
+// DeepSeek-V3-sized experts).
+// Deadlock-free because Parallel claims items in increasing index order
+// (parallel.h): a waiting thread waits only on lower items that running
+// threads have claimed. up must not throw.
+template <class Up, class Down>
+void run_up_then_down(const Parallel& par, const std::vector<Item>& up_items, const std::vector<Item>& down_items,
+                      int64_t experts, Up&& up, Down&& down) {
+  std::vector<std::atomic<int>> pending(static_cast<size_t>(experts));
+  for (auto& p : pending) p.store(0, std::memory_order_relaxed);
+  for (const Item& it : up_items) pending[size_t(it.expert)].fetch_add(1, std::memory_order_relaxed);
+  const size_t n_up = up_items.size();
+  par.for_each(n_up + down_items.size(), [&](size_t i) {
+    if (i < n_up) {
+      up(up_items[i]);
+      pending[size_t(up_items[i].expert)].fetch_sub(1, std::memory_order_release);
+      return;
+    }
+    const Item& it = down_items[i - n_up];
+    for (int spins = 0; pending[size_t(it.expert)].load(std::memory_order_acquire) > 0; ++spins) {
+      if (spins >= 64) std::this_thread::yield();
+    }
+    down(it);
+  });
 }
 
 // Row stride for float scratch: a multiple of 16 floats, nudged off multiples

@@ -10,6 +10,8 @@ namespace hinamoe {
 
 struct Parallel {
   // Calls fn(arg, i) for every i in [0, n), possibly concurrently; returns when all are done.
+  // Each thread takes its items in increasing i (the MoE driver's phase-2
+  // items wait on lower phase-1 items and rely on it).
   void (*run)(void* pool, size_t n, void (*fn)(void* arg, size_t i), void* arg) = nullptr;
   void* pool = nullptr;
   int threads = 1;  // how many run at once: used to size work items
