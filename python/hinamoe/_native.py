@@ -76,7 +76,7 @@ class ReadProbe:
         err = ctypes.create_string_buffer(512)
         rc = lib.hinamoe_read_probe_create(nbytes, threads, ctypes.byref(handle), err, len(err))
         if rc == 1:
-            raise ValueError(f"ReadProbe: {err.value.decode()}")
+            raise ValueError(f"ReadProbe: {err.value.decode().removeprefix('read probe: ')}")
         if rc != 0:
             raise MemoryError(err.value.decode())
         self._handle = handle

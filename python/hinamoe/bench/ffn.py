@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from .common import MachineProbes, cpu_name, csv, hinamoe_tier, l3_bytes, make_session
+from .common import MachineProbes, cpu_name, csv, hinamoe_tier, l3_bytes, make_session, probe_bytes
 
 NAME = "ffn"
 HELP = "time a single MoE FFN node at real expert shapes (HinaMoE vs ORT CPU EP)"
@@ -33,16 +33,21 @@ stream from DRAM as in decode.
 
 Reported per point: median latency (after warm-up), effective bandwidth
 = expert weight bytes touched / time (bytes in the model's dtype), that
-bandwidth as a % of the read bandwidth measured by
-hinamoe.measure_read_bandwidth(threads) in the same run (probed before and
-after the points; the larger value is used), as a % of the roofline
-min(read bandwidth, FMA peak x bytes per weight / n) -- at n tokens per
-expert each weight takes n FMAs, so from a few tokens on the cores' FMA rate
-(hinamoe.measure_fma_peak(threads), probed likewise) bounds the stream --
+bandwidth as a % of the point's own read bandwidth (%BW: after each timed
+run, outside the timed interval, one pass of a persistent hinamoe.ReadProbe
+of max(4 x L3, 256 MiB) or --bw-bytes; the median of those passes, so a
+point measured in a slow minute is compared with the bandwidth of that
+minute), as a % of the roofline min(that bandwidth, FMA peak x bytes per
+weight / n) -- at n tokens per expert each weight takes n FMAs, so from a
+few tokens on the cores' FMA rate (hinamoe.measure_fma_peak(threads), probed
+before and after the points, the larger value used) bounds the stream --
 and the speed-up
 over ONNX Runtime's CPU EP on the same node (same dtype where the CPU EP has
 it, and always against the CPU EP running the f32 model). The CPU EP has no
-bf16 MoE, and converts f16 weights to f32 when the session is created.
+bf16 MoE, and converts f16 weights to f32 when the session is created. The
+CPU EP's points get their own interleaved passes. %BWmax (JSON:
+pct_bw_max_probe) is the older comparison: against the larger of the read
+bandwidth probed before and after all points.
 
 Examples:
   hina-bench ffn                                  # default: 3 models, all points
@@ -93,7 +98,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="grow the number of experts until the layer is >= X times the "
                         "L3 cache (default 4)")
     g.add_argument("--bw-bytes", type=float, default=None, metavar="GIB",
-                   help="bytes streamed per read-bandwidth pass, GiB (default 1, quick 0.25)")
+                   help="bytes streamed per read-bandwidth pass, GiB; one buffer per thread "
+                        "count is held for the whole run (default: max(4 x L3, 256 MiB))")
     g.add_argument("--quick", action="store_true",
                    help="smoke run: qwen3-30b-a3b only (unless --models), tokens 1,4,16, "
                         "dtypes f32,bf16, max threads, 5 repeats")
@@ -126,8 +132,11 @@ class Point:
     min_ms: float
     times_ms: list = field(default_factory=list)
     gbs: float = 0.0
-    pct_bw: float | None = None
-    roof_gbs: float | None = None  # min(read bandwidth, FMA peak x bytes per weight / n)
+    probe_gbs: float | None = None  # median of the read-probe passes taken after each timed run
+    probe_passes_gbs: list = field(default_factory=list)
+    pct_bw: float | None = None  # of probe_gbs
+    pct_bw_max_probe: float | None = None  # of the max of the probes before/after all points
+    roof_gbs: float | None = None  # min(probe_gbs, FMA peak x bytes per weight / n)
     pct_roof: float | None = None
     speedup_vs_cpu_same: float | None = None
     speedup_vs_cpu_f32: float | None = None
@@ -164,8 +173,12 @@ def _plan_experts(shape, override: int, dtype_itemsize_min: int, l3: int, multip
 # --------------------------------------------------------------------- timing
 
 
-def _time_point(sess, cfg, plan, xs, repeats: int, warmup: int):
-    """Median/min ms over ``repeats`` runs, rotating the active experts."""
+def _time_point(sess, cfg, plan, xs, repeats: int, warmup: int, between=None):
+    """Times of ``repeats`` runs, rotating the active experts, and the first
+    step's output. ``between()`` (a read-probe pass) runs after each timed
+    run; the same step then runs once more untimed, so the next timed run
+    starts as back-to-back runs do (ORT's pool threads awake, the last
+    step's data in cache rather than the probe's)."""
     from ..models import MoERunner
 
     runners = []
@@ -181,6 +194,9 @@ def _time_point(sess, cfg, plan, xs, repeats: int, warmup: int):
         t0 = time.perf_counter()
         r.run()
         times.append((time.perf_counter() - t0) * 1e3)
+        if between is not None:
+            between()
+            r.run()
     first_out = runners[0]
     first_out.run()
     return times, np.array(first_out.output, copy=True)
@@ -209,7 +225,6 @@ def run(args) -> int:
     threads = args.threads or ([min(2, cores)] if quick else
                                [t for t in DEFAULT_THREADS if t <= cores] or [1])
     repeats = args.repeats or (5 if quick else 10)
-    bw_bytes = int((args.bw_bytes or (0.25 if quick else 1.0)) * 2 ** 30)
     run_hina = not args.no_hinamoe
     run_cpu = not args.no_cpu_ep
     if not (run_hina or run_cpu):
@@ -233,7 +248,7 @@ def run(args) -> int:
             return 1
 
     l3 = l3_bytes()
-    probes = MachineProbes(threads, bw_bytes, quick)
+    probes = MachineProbes(threads, probe_bytes(args.bw_bytes, l3), quick)
     print(f"machine: {cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
           f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa}"
           + (f", numa=fake:{args.numa_sim}" if args.numa_sim else "") + ")")
@@ -312,7 +327,9 @@ def run(args) -> int:
                             plan = RoutingPlan(experts, shape.k, n, active,
                                                dtype=np_dtype(cfg.dtype))
                             warm = args.warmup if args.warmup is not None else max(2, plan.period)
-                            times, out = _time_point(sess, cfg, plan, xs_by_n[n], repeats, warm)
+                            between = probes.between(thr)
+                            times, out = _time_point(sess, cfg, plan, xs_by_n[n], repeats, warm,
+                                                     between)
                             med = statistics.median(times)
                             touched = active * cfg.expert_weight_bytes()
                             pt = Point(model=shape.name, dtype=d, ep=ep, threads=thr,
@@ -321,6 +338,7 @@ def run(args) -> int:
                                        bytes_touched=touched, median_ms=med,
                                        min_ms=min(times), times_ms=[round(t, 4) for t in times],
                                        gbs=touched / (med * 1e-3) / 1e9)
+                            probes.record(pt, between)
                             key = (n, thr)
                             o64 = out.astype(np.float64)
                             if key in ref_out:
@@ -357,6 +375,7 @@ def run(args) -> int:
     from .report import print_table, plot_latency
 
     print(probes.describe("max of the probes before/after"))
+    print(probes.describe_interleaved(points))
     print_table(points)
     elapsed = time.time() - t_start
     print(f"({len(points)} points in {elapsed:.0f} s)")
