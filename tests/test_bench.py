@@ -130,6 +130,32 @@ def test_read_probe_bad_arguments(nbytes, threads, what):
         hinamoe.ReadProbe(nbytes, threads)
 
 
+def test_wait_until_quiet(monkeypatch):
+    """Returns after the first quiet window when nothing runs; waits up to
+    max_s while the process keeps a core busy (CPU clock faked: 1 s per read)."""
+    import time
+
+    from hinamoe.bench.common import wait_until_quiet
+
+    assert wait_until_quiet(window_s=0.002, max_s=5.0) < 2.5
+    ticks = iter(range(10 ** 6))
+    monkeypatch.setattr(time, "process_time", lambda: float(next(ticks)))
+    assert wait_until_quiet(window_s=0.002, max_s=0.05) >= 0.05
+
+
+def test_rewarm_runs_once_then_until_min_s():
+    from hinamoe.bench.common import rewarm
+
+    calls = []
+    rewarm(lambda: calls.append(1), min_s=0.0)
+    assert len(calls) == 1
+    import time
+
+    t0 = time.perf_counter()
+    rewarm(lambda: calls.append(1), min_s=0.02)
+    assert time.perf_counter() - t0 >= 0.02 and len(calls) > 2
+
+
 def test_measure_read_bandwidth_on_the_probe():
     """The one-shot probe is the median of ReadProbe passes: plausible GB/s."""
     import hinamoe

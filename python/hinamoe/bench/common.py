@@ -214,10 +214,44 @@ class BandwidthProbe(_PerThreadProbe):
         self._readers.clear()
 
 
+def wait_until_quiet(window_s: float = 0.005, busy: float = 0.25, max_s: float = 0.5) -> float:
+    """Sleeps until this process keeps less than `busy` of a core busy over a
+    `window_s` window (at most `max_s`); returns the seconds waited. After a
+    Run, ONNX Runtime's intra-op pool threads spin for tens of ms
+    (session.intra_op.allow_spinning, on by default); on a machine with no
+    spare core they take a core from a read-probe pass started at once
+    (measured here: 2 threads, 2 cores, ~0.6x the bandwidth)."""
+    import time
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < max_s:
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(window_s)
+        if time.process_time() - cpu < busy * (time.perf_counter() - wall):
+            break
+    return time.perf_counter() - t0
+
+
+def rewarm(run, min_s: float = 0.005) -> None:
+    """Calls run() (an untimed step) once and again until `min_s` passed: after
+    the idle wait and the probe pass, one short step does not bring the
+    machine back to back-to-back speed (measured here: a 0.25 ms GQA step
+    timed after wait + probe + one re-run took ~15-40% longer than back to
+    back; after >= 5 ms of re-runs, as long)."""
+    import time
+
+    t_end = time.perf_counter() + min_s
+    run()
+    while time.perf_counter() < t_end:
+        run()
+
+
 class InterleavedProbe:
     """Read-probe passes taken between a point's timed runs (call it after
     each one, outside the timed interval): their median is the bandwidth of
-    the minutes the point was measured in. With no reader it records nothing."""
+    the minutes the point was measured in. Each pass waits until ORT's pool
+    threads stopped spinning (wait_until_quiet). With no reader it records
+    nothing."""
 
     def __init__(self, reader):
         self.reader = reader
@@ -225,6 +259,7 @@ class InterleavedProbe:
 
     def __call__(self) -> None:
         if self.reader is not None:
+            wait_until_quiet()
             self.passes.append(self.reader.pass_gbs())
 
     def median(self) -> float | None:

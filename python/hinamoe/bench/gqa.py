@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from .common import MachineProbes, cpu_name, csv, hinamoe_tier, l3_bytes, make_session, probe_bytes
+from .common import (MachineProbes, cpu_name, csv, hinamoe_tier, l3_bytes, make_session, probe_bytes,
+                     rewarm)
 
 NAME = "gqa"
 HELP = "time one GroupQueryAttention decode step at real attention shapes (HinaMoE vs ORT CPU EP)"
@@ -33,22 +34,24 @@ the same cache buffers and inputs. When one layer's cache is smaller than a
 few times the L3 cache, several independent caches ("layers") are cycled so
 K/V stream from DRAM as in a multi-layer decode.
 
-Reported per point: median latency (after warm-up), effective bandwidth =
-K and V bytes read (2 * B * kv_heads * context * head_dim * element size) / time, that
-bandwidth as a % of the point's own read bandwidth (%BW: after each timed
-run, outside the timed interval, one pass of a persistent hinamoe.ReadProbe
-of max(4 x L3, 256 MiB) or --bw-bytes; the median of those passes, so a
-point measured in a slow minute is compared with the bandwidth of that
-minute; the CPU EP's points get their own passes), as a % of the roofline
-min(that bandwidth, FMA peak x element size / G) -- each K and V element
-meets the G query heads of its KV head once, 2*G FMAs per K+V element pair
-(softmax exps not counted), so with G = 8 float16 K/V the FMA rate
-(hinamoe.measure_fma_peak(threads), probed before and after the points, the
-larger value used), not the memory, bounds it -- and the speed-up over the
-CPU EP. %BWmax (HinaMoE; JSON: pct_bw_max_probe for both EPs) is the older
-comparison: against the larger of the read bandwidth probed before and after
-all points. The max relative difference between the two EPs' outputs is
-shown as a check.
+Reported per point: median latency (after warm-up); effective bandwidth
+(GB/s) = K and V bytes read (2 * B * kv_heads * context * head_dim *
+element size) / time; %BW = that bandwidth as a % of the point's own read
+bandwidth (probe_gbs): after each timed run, outside the timed interval, one
+pass of a persistent hinamoe.ReadProbe of max(4 x L3, 256 MiB) (or
+--bw-bytes), started once ORT's pool threads stopped spinning and followed
+by >= 5 ms of untimed re-runs of the step; probe_gbs is the median of these
+passes, so a point timed in a slow minute of this shared machine is compared
+with the bandwidth of that minute (the CPU EP's points get their own
+passes). %roof = the bandwidth as a % of the roofline min(probe_gbs, FMA
+peak x element size / G) -- each K and V element meets the G query heads of
+its KV head once, 2*G FMAs per K+V element pair (softmax exps not counted),
+so with G = 8 float16 K/V the FMA rate (hinamoe.measure_fma_peak(threads),
+probed before and after the points, the larger value used), not the memory,
+bounds it. %BWmax (HinaMoE's in the table; JSON: pct_bw_max_probe for both
+EPs) is the older comparison, against the larger of the read bandwidths
+probed before and after all points. Then the speed-up over the CPU EP, and
+the max relative difference between the two EPs' outputs as a check.
 
 Examples:
   hina-bench gqa                                   # all shapes, contexts, batches, 1 and 2 threads
@@ -171,9 +174,10 @@ class _Layer:
 def _time(sess, layers, repeats: int, warmup: int, between=None):
     """Times of ``repeats`` steps cycling the layers, and layer 0's output.
     ``between()`` (a read-probe pass) runs after each timed step; the same
-    step then runs once more untimed, so the next timed step starts as
-    back-to-back steps do (ORT's pool threads awake, the last layer's cache
-    in the CPU cache rather than the probe's buffer)."""
+    step then runs again untimed for >= 5 ms (common.rewarm), so the next
+    timed step starts as back-to-back steps do (ORT's pool threads awake,
+    the last layer's cache in the CPU cache rather than the probe's buffer,
+    the next layer's still cold)."""
     bindings = [layer.bind(sess) for layer in layers]
     for i in range(warmup):
         sess.run_with_iobinding(bindings[i % len(bindings)])
@@ -185,7 +189,7 @@ def _time(sess, layers, repeats: int, warmup: int, between=None):
         times.append((time.perf_counter() - t0) * 1e3)
         if between is not None:
             between()
-            sess.run_with_iobinding(io)
+            rewarm(lambda: sess.run_with_iobinding(io))
     sess.run_with_iobinding(bindings[0])
     return times, layers[0].out.astype(np.float64)
 

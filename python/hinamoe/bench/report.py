@@ -33,8 +33,8 @@ def print_table(points) -> None:
     print()
     print("n/exp = tokens per active expert; T = tokens; GB/s = weight bytes touched (model "
           "dtype) / median time;\n%BW = of the point's own read bandwidth (median of one probe pass "
-          "after each timed run); %BWmax = of the max of the\nread-bandwidth probes before/after all "
-          "points; %roof = of min(the point's read bandwidth, "
+          "after each timed run);\n%BWmax = of the max of the read-bandwidth probes before/after all "
+          "points;\n%roof = of min(the point's read bandwidth, "
           "FMA peak x bytes per weight / n/exp);\nx CPU = speed-up over "
           "ORT's CPU EP on the same dtype, x CPUf32 = over the CPU EP's f32 model;\n"
           "diff = max |HinaMoE - CPU EP| / max |CPU EP| on the same inputs.")
@@ -118,8 +118,8 @@ def print_gqa_table(points) -> None:
                  f"{_fmt(h and h.max_rel_diff_vs_cpu, '.1e'):>9}")
         print(cols)
     print()
-    print("GB/s = K+V bytes read per decode step / median time; %BW = of the point's own read "
-          "bandwidth\n(median of one probe pass after each timed run); %BWmax = HinaMoE's, of the max "
+    print("GB/s = K+V bytes read per decode step / median time;\n%BW = of the point's own read "
+          "bandwidth (median of one probe pass after each timed run);\n%BWmax = HinaMoE's, of the max "
           "of the read-bandwidth probes before/after all points;\n%roof = of min(the point's read "
           "bandwidth, FMA peak x element size / G);\nx CPU = speed-up over ORT's CPU EP on the same node; diff = max |HinaMoE - "
           "CPU EP| / max |CPU EP|.")
