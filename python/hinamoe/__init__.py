@@ -15,7 +15,8 @@ import onnxruntime as _ort
 __version__ = "0.1.0"
 __all__ = [
     "get_library_path", "get_ep_name", "get_ep_names", "register", "get_ep_devices",
-    "best_tier", "tier_unavailable_reason", "measure_read_bandwidth", "ReadProbe", "measure_fma_peak", "numa_plan", "NumaPlan", "numa_nodes",
+    "best_tier", "tier_unavailable_reason", "measure_read_bandwidth", "ReadProbe", "measure_fma_peak",
+    "numa_plan", "NumaPlan", "numa_nodes",
 ]
 
 _EP_NAME = "HinaMoE"

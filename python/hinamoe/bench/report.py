@@ -121,8 +121,8 @@ def print_gqa_table(points) -> None:
     print("GB/s = K+V bytes read per decode step / median time;\n%BW = of the point's own read "
           "bandwidth (median of one probe pass after each timed run);\n%BWmax = HinaMoE's, of the max "
           "of the read-bandwidth probes before/after all points;\n%roof = of min(the point's read "
-          "bandwidth, FMA peak x element size / G);\nx CPU = speed-up over ORT's CPU EP on the same node; diff = max |HinaMoE - "
-          "CPU EP| / max |CPU EP|.")
+          "bandwidth, FMA peak x element size / G);\nx CPU = speed-up over ORT's CPU EP on the same "
+          "node; diff = max |HinaMoE - CPU EP| / max |CPU EP|.")
 
 
 def plot_gqa_latency(points, path, meta=None) -> Path:
