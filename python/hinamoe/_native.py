@@ -105,7 +105,10 @@ class ReadProbe:
         self.close()
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the library may be gone
+            pass
 
 
 def measure_fma_peak(threads: int = 2) -> float:
