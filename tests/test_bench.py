@@ -103,6 +103,25 @@ def test_quick_ffn_run_records_interleaved_probes(tmp_path, capsys):
     assert "%BWmax" in out and "read bandwidth during the points (1 thr" in out
 
 
+def test_no_probe_between_times_back_to_back(tmp_path, capsys):
+    """--no-probe-between: no probe passes per point; %BW is then against the
+    max of the before/after probes (= %BWmax), and the roofline too."""
+    argv = ["ffn", "--models", "qwen3-30b-a3b:8", "--tokens", "1", "--dtypes", "f32", "--threads", "1",
+            "--repeats", "2", "--warmup", "1", "--no-probe-between", "--no-cpu-ep",
+            "--bw-bytes", "0.03", "--no-progress", "--no-plot", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["meta"]["interleaved_probe"] is False
+    best = res["meta"]["read_bandwidth_gbs"]["1"]
+    for p in res["points"]:
+        assert p["probe_gbs"] is None and p["probe_passes_gbs"] == []
+        assert p["pct_bw"] == pytest.approx(100 * p["gbs"] / best, rel=1e-9)
+        assert p["pct_bw"] == p["pct_bw_max_probe"]
+        assert p["roof_gbs"] == pytest.approx(min(best, res["meta"]["fma_peak_per_s"]["1"] * 4 / 1e9))
+    out = capsys.readouterr().out
+    assert "--no-probe-between" in out and "during the points" not in out
+
+
 def test_read_probe_passes():
     """hinamoe.ReadProbe: plausible GB/s pass after pass, one and two threads."""
     import hinamoe

@@ -303,7 +303,8 @@ class MachineProbes:
     is compared with the bandwidth of its own minutes; %BW against the max of
     the before/after probes is kept as pct_bw_max_probe."""
 
-    def __init__(self, threads: list[int], bw_bytes: int, quick: bool):
+    def __init__(self, threads: list[int], bw_bytes: int, quick: bool, interleave: bool = True):
+        self.interleave = interleave
         self.load = OtherLoad()
         self.bandwidth = BandwidthProbe(threads, bw_bytes, repeats=3 if quick else 5)
         self.fma = FmaProbe(threads)
@@ -319,15 +320,19 @@ class MachineProbes:
                 f"{self.bandwidth.describe()}\n"
                 f"FMA peak ({when}): {self.fma.describe()}")
 
-    def between(self, threads: int) -> InterleavedProbe:
-        """Passes to take after each timed run of a point on `threads` threads."""
+    def between(self, threads: int) -> InterleavedProbe | None:
+        """Passes to take after each timed run of a point on `threads` threads
+        (None with interleave=False: the timed runs go back to back)."""
+        if not self.interleave:
+            return None
         return InterleavedProbe(self.bandwidth.reader(threads) if self.bandwidth.ok else None)
 
     @staticmethod
-    def record(point, probe: InterleavedProbe) -> None:
+    def record(point, probe: InterleavedProbe | None) -> None:
         """Stores a point's interleaved passes: probe_gbs (their median) and probe_passes_gbs."""
-        point.probe_gbs = probe.median()
-        point.probe_passes_gbs = [round(g, 2) for g in probe.passes]
+        if probe is not None:
+            point.probe_gbs = probe.median()
+            point.probe_passes_gbs = [round(g, 2) for g in probe.passes]
 
     def describe_interleaved(self, points) -> str:
         """One line per thread count: the range of the points' probe medians."""
@@ -348,10 +353,10 @@ class MachineProbes:
 
     def rate(self, point, bytes_per_elem: int, fmas_per_elem: int) -> None:
         """Sets point.pct_bw and the roofline (roof_gbs, pct_roof) from point.gbs
-        and its own interleaved probe (point.probe_gbs), and pct_bw_max_probe
-        against the max of the before/after probes."""
-        bw = point.probe_gbs
+        and its own interleaved probe (point.probe_gbs; without one, the max of
+        the before/after probes), and pct_bw_max_probe against that max."""
         best = self.bandwidth.best().get(point.threads)
+        bw = point.probe_gbs if self.interleave else best
         point.pct_bw = 100.0 * point.gbs / bw if bw else None
         point.pct_bw_max_probe = 100.0 * point.gbs / best if best else None
         point.roof_gbs = roofline_gbs(bw, self.fma.best().get(point.threads), bytes_per_elem, fmas_per_elem)
@@ -367,6 +372,9 @@ class MachineProbes:
                     bandwidth_probe_bytes=self.bandwidth.nbytes,
                     fma_peak_per_s={str(k): v for k, v in self.fma.best().items()},
                     other_processes_cores=self.others,
-                    pct_bw_basis="pct_bw, roof_gbs: against the point's probe_gbs (median of one "
-                                 "read-probe pass after each timed run); pct_bw_max_probe: against "
-                                 "read_bandwidth_gbs (max of the probes before/after all points)")
+                    interleaved_probe=self.interleave,
+                    pct_bw_basis=("pct_bw, roof_gbs: against the point's probe_gbs (median of one "
+                                  "read-probe pass after each timed run)" if self.interleave else
+                                  "pct_bw, roof_gbs: against read_bandwidth_gbs (--no-probe-between)")
+                    + "; pct_bw_max_probe: against read_bandwidth_gbs (max of the probes before/after "
+                      "all points)")

@@ -46,11 +46,12 @@ n FMAs, so from a few tokens on the cores' FMA rate
 (hinamoe.measure_fma_peak(threads), probed before and after the points, the
 larger value used) bounds the stream. %BWmax (JSON: pct_bw_max_probe) is the
 older comparison, against the larger of the read bandwidths probed before
-and after all points. Then the speed-up over ONNX Runtime's CPU EP on the
-same node (same dtype where the CPU EP has it, and always against the CPU EP
-running the f32 model); the CPU EP's points get their own probe passes. The
-CPU EP has no bf16 MoE, and converts f16 weights to f32 when the session is
-created.
+and after all points. --no-probe-between times the runs back to back without
+probe passes and compares with that larger value. Then the speed-up over
+ONNX Runtime's CPU EP on the same node (same dtype where the CPU EP has it,
+and always against the CPU EP running the f32 model); the CPU EP's points
+get their own probe passes. The CPU EP has no bf16 MoE, and converts f16
+weights to f32 when the session is created.
 
 Examples:
   hina-bench ffn                                  # default: 3 models, all points
@@ -100,6 +101,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-cache-multiple", type=float, default=4.0, metavar="X",
                    help="grow the number of experts until the layer is >= X times the "
                         "L3 cache (default 4)")
+    g.add_argument("--no-probe-between", action="store_true",
+                   help="no read-probe pass after each timed run (timed runs back to back, as "
+                        "before the interleaved probe); %%BW is then against the max of the "
+                        "probes before/after all points, like %%BWmax")
     g.add_argument("--bw-bytes", type=float, default=None, metavar="GIB",
                    help="bytes streamed per read-bandwidth pass, GiB; one buffer per thread "
                         "count is held for the whole run (default: max(4 x L3, 256 MiB))")
@@ -252,7 +257,8 @@ def run(args) -> int:
             return 1
 
     l3 = l3_bytes()
-    probes = MachineProbes(threads, probe_bytes(args.bw_bytes, l3), quick)
+    probes = MachineProbes(threads, probe_bytes(args.bw_bytes, l3), quick,
+                           interleave=not args.no_probe_between)
     print(f"machine: {cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
           f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa}"
           + (f", numa=fake:{args.numa_sim}" if args.numa_sim else "") + ")")
@@ -379,7 +385,8 @@ def run(args) -> int:
     from .report import print_table, plot_latency
 
     print(probes.describe("max of the probes before/after"))
-    print(probes.describe_interleaved(points))
+    if probes.interleave:
+        print(probes.describe_interleaved(points))
     print_table(points)
     elapsed = time.time() - t_start
     print(f"({len(points)} points in {elapsed:.0f} s)")

@@ -35,23 +35,25 @@ few times the L3 cache, several independent caches ("layers") are cycled so
 K/V stream from DRAM as in a multi-layer decode.
 
 Reported per point: median latency (after warm-up); effective bandwidth
-(GB/s) = K and V bytes read (2 * B * kv_heads * context * head_dim *
-element size) / time; %BW = that bandwidth as a % of the point's own read
-bandwidth (probe_gbs): after each timed run, outside the timed interval, one
-pass of a persistent hinamoe.ReadProbe of max(4 x L3, 256 MiB) (or
---bw-bytes), started once ORT's pool threads stopped spinning and followed
-by >= 5 ms of untimed re-runs of the step; probe_gbs is the median of these
-passes, so a point timed in a slow minute of this shared machine is compared
-with the bandwidth of that minute (the CPU EP's points get their own
-passes). %roof = the bandwidth as a % of the roofline min(probe_gbs, FMA
-peak x element size / G) -- each K and V element meets the G query heads of
-its KV head once, 2*G FMAs per K+V element pair (softmax exps not counted),
-so with G = 8 float16 K/V the FMA rate (hinamoe.measure_fma_peak(threads),
-probed before and after the points, the larger value used), not the memory,
-bounds it. %BWmax (HinaMoE's in the table; JSON: pct_bw_max_probe for both
-EPs) is the older comparison, against the larger of the read bandwidths
-probed before and after all points. Then the speed-up over the CPU EP, and
-the max relative difference between the two EPs' outputs as a check.
+(GB/s) = K and V bytes read (2 * B * kv_heads * context * head_dim * element
+size) / time; %BW = that bandwidth as a % of the point's own read bandwidth
+(probe_gbs): after each timed run, outside the timed interval, one pass of a
+persistent hinamoe.ReadProbe of max(4 x L3, 256 MiB) (or --bw-bytes),
+started once ORT's pool threads stopped spinning and followed by >= 5 ms of
+untimed re-runs of the step; probe_gbs is the median of these passes, so a
+point timed in a slow minute of this shared machine is compared with the
+bandwidth of that minute (the CPU EP's points get their own passes). %roof =
+the bandwidth as a % of the roofline min(probe_gbs, FMA peak x element size
+/ G) -- each K and V element meets the G query heads of its KV head once,
+2*G FMAs per K+V element pair (softmax exps not counted), so with G = 8
+float16 K/V the FMA rate (hinamoe.measure_fma_peak(threads), probed before
+and after the points, the larger value used), not the memory, bounds it.
+%BWmax (HinaMoE's in the table; JSON: pct_bw_max_probe for both EPs) is the
+older comparison, against the larger of the read bandwidths probed before
+and after all points. --no-probe-between times the runs back to back without
+probe passes and compares with that larger value. Then the speed-up over the
+CPU EP, and the max relative difference between the two EPs' outputs as a
+check.
 
 Examples:
   hina-bench gqa                                   # all shapes, contexts, batches, 1 and 2 threads
@@ -98,6 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cycle enough layers' caches to cover X times the L3 cache (default 4)")
     g.add_argument("--max-layers", type=int, default=16,
                    help="at most this many caches are cycled (default 16)")
+    g.add_argument("--no-probe-between", action="store_true",
+                   help="no read-probe pass after each timed run (timed runs back to back, as "
+                        "before the interleaved probe); %%BW is then against the max of the "
+                        "probes before/after all points, like %%BWmax")
     g.add_argument("--bw-bytes", type=float, default=None, metavar="GIB",
                    help="bytes streamed per read-bandwidth pass, GiB; one buffer per thread "
                         "count is held for the whole run (default: max(4 x L3, 256 MiB))")
@@ -245,7 +251,8 @@ def run(args) -> int:
             return 1
 
     l3 = l3_bytes()
-    probes = MachineProbes(threads, probe_bytes(args.bw_bytes, l3), quick)
+    probes = MachineProbes(threads, probe_bytes(args.bw_bytes, l3), quick,
+                           interleave=not args.no_probe_between)
     print(f"machine: {cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
           f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa})")
     print(probes.describe("before"))
@@ -318,7 +325,8 @@ def run(args) -> int:
     from .report import plot_gqa_latency, print_gqa_table
 
     print(probes.describe("max of the probes before/after"))
-    print(probes.describe_interleaved(points))
+    if probes.interleave:
+        print(probes.describe_interleaved(points))
     print_gqa_table(points)
     elapsed = time.time() - t_start
     print(f"({len(points)} points in {elapsed:.0f} s)")

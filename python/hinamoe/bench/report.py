@@ -9,6 +9,14 @@ def _fmt(v, spec, empty="-"):
     return empty if v is None else format(v, spec)
 
 
+def _bw_note(points) -> str:
+    """What %BW is compared with: the points' own interleaved probes, or
+    (--no-probe-between) the max of the probes before/after all points."""
+    if any(getattr(p, "probe_gbs", None) for p in points):
+        return "%BW = of the point's own read bandwidth (median of one probe pass after each timed run)"
+    return "%BW = of the max of the read-bandwidth probes before/after all points (--no-probe-between)"
+
+
 def print_table(points) -> None:
     """One row per point, grouped by model; speed-ups are CPU EP time / HinaMoE time."""
     head = (f"{'model':<16}{'dtype':>6}{'EP':>8}{'thr':>4}{'n/exp':>6}{'T':>4}"
@@ -32,11 +40,10 @@ def print_table(points) -> None:
               f"{_fmt(p.max_rel_diff_vs_cpu, '.1e'):>9}")
     print()
     print("n/exp = tokens per active expert; T = tokens; GB/s = weight bytes touched (model "
-          "dtype) / median time;\n%BW = of the point's own read bandwidth (median of one probe pass "
-          "after each timed run);\n%BWmax = of the max of the read-bandwidth probes before/after all "
-          "points;\n%roof = of min(the point's read bandwidth, "
-          "FMA peak x bytes per weight / n/exp);\nx CPU = speed-up over "
-          "ORT's CPU EP on the same dtype, x CPUf32 = over the CPU EP's f32 model;\n"
+          "dtype) / median time;\n" + _bw_note(points) + ";\n"
+          "%BWmax = of the max of the read-bandwidth probes before/after all points;\n"
+          "%roof = of min(the read bandwidth %BW uses, FMA peak x bytes per weight / n/exp);\n"
+          "x CPU = speed-up over ORT's CPU EP on the same dtype, x CPUf32 = over the CPU EP's f32 model;\n"
           "diff = max |HinaMoE - CPU EP| / max |CPU EP| on the same inputs.")
 
 
@@ -118,11 +125,10 @@ def print_gqa_table(points) -> None:
                  f"{_fmt(h and h.max_rel_diff_vs_cpu, '.1e'):>9}")
         print(cols)
     print()
-    print("GB/s = K+V bytes read per decode step / median time;\n%BW = of the point's own read "
-          "bandwidth (median of one probe pass after each timed run);\n%BWmax = HinaMoE's, of the max "
-          "of the read-bandwidth probes before/after all points;\n%roof = of min(the point's read "
-          "bandwidth, FMA peak x element size / G);\nx CPU = speed-up over ORT's CPU EP on the same "
-          "node; diff = max |HinaMoE - CPU EP| / max |CPU EP|.")
+    print("GB/s = K+V bytes read per decode step / median time;\n" + _bw_note(points) + ";\n"
+          "%BWmax = HinaMoE's, of the max of the read-bandwidth probes before/after all points;\n"
+          "%roof = of min(the read bandwidth %BW uses, FMA peak x element size / G);\n"
+          "x CPU = speed-up over ORT's CPU EP on the same node; diff = max |HinaMoE - CPU EP| / max |CPU EP|.")
 
 
 def plot_gqa_latency(points, path, meta=None) -> Path:
