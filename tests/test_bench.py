@@ -162,17 +162,22 @@ def test_wait_until_quiet(monkeypatch):
     assert wait_until_quiet(window_s=0.002, max_s=0.05) >= 0.05
 
 
-def test_rewarm_runs_once_then_until_min_s():
+def test_rewarm_replays_the_rotation_until_min_s():
+    """One pass over the steps in order (ending with the step just timed),
+    repeated until min_s passed."""
+    import time
+
     from hinamoe.bench.common import rewarm
 
     calls = []
-    rewarm(lambda: calls.append(1), min_s=0.0)
-    assert len(calls) == 1
-    import time
-
+    steps = [lambda k=k: calls.append(k) for k in (2, 0, 1)]
+    rewarm(steps, min_s=0.0)
+    assert calls == [2, 0, 1]
+    calls.clear()
     t0 = time.perf_counter()
-    rewarm(lambda: calls.append(1), min_s=0.02)
-    assert time.perf_counter() - t0 >= 0.02 and len(calls) > 2
+    rewarm(steps, min_s=0.02)
+    assert time.perf_counter() - t0 >= 0.02
+    assert len(calls) % 3 == 0 and len(calls) > 3 and calls[:3] == [2, 0, 1] and calls[-1] == 1
 
 
 def test_measure_read_bandwidth_on_the_probe():

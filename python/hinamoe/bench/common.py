@@ -232,18 +232,22 @@ def wait_until_quiet(window_s: float = 0.005, busy: float = 0.25, max_s: float =
     return time.perf_counter() - t0
 
 
-def rewarm(run, min_s: float = 0.005) -> None:
-    """Calls run() (an untimed step) once and again until `min_s` passed: after
-    the idle wait and the probe pass, one short step does not bring the
-    machine back to back-to-back speed (measured here: a 0.25 ms GQA step
-    timed after wait + probe + one re-run took ~15-40% longer than back to
-    back; after >= 5 ms of re-runs, as long)."""
+def rewarm(steps, min_s: float = 0.005) -> None:
+    """Runs the untimed `steps` (callables; the rotation of a point's steps
+    that ends with the one just timed) in order, again until `min_s` passed,
+    so that the next timed step finds the caches (data, page-table entries)
+    and ORT's pool threads as back-to-back runs leave them rather than as the
+    probe pass and the idle wait before it did (measured here, GQA decode at
+    2 threads: after the wait, the pass and one re-run of the same step, the
+    next timed step took ~20% longer than back to back)."""
     import time
 
     t_end = time.perf_counter() + min_s
-    run()
-    while time.perf_counter() < t_end:
-        run()
+    while True:
+        for step in steps:
+            step()
+        if time.perf_counter() >= t_end:
+            return
 
 
 class InterleavedProbe:

@@ -37,21 +37,21 @@ Reported per point: median latency (after warm-up); effective bandwidth
 %BW = that bandwidth as a % of the point's own read bandwidth (probe_gbs):
 after each timed run, outside the timed interval, one pass of a persistent
 hinamoe.ReadProbe of max(4 x L3, 256 MiB) (or --bw-bytes), started once
-ORT's pool threads stopped spinning and followed by >= 5 ms of untimed
-re-runs of the step; probe_gbs is the median of these passes, so a point
-timed in a slow minute of this shared machine is compared with the bandwidth
-of that minute. %roof = the bandwidth as a % of the roofline min(probe_gbs,
-FMA peak x bytes per weight / n) -- at n tokens per expert each weight takes
-n FMAs, so from a few tokens on the cores' FMA rate
-(hinamoe.measure_fma_peak(threads), probed before and after the points, the
-larger value used) bounds the stream. %BWmax (JSON: pct_bw_max_probe) is the
-older comparison, against the larger of the read bandwidths probed before
-and after all points. --no-probe-between times the runs back to back without
-probe passes and compares with that larger value. Then the speed-up over
-ONNX Runtime's CPU EP on the same node (same dtype where the CPU EP has it,
-and always against the CPU EP running the f32 model); the CPU EP's points
-get their own probe passes. The CPU EP has no bf16 MoE, and converts f16
-weights to f32 when the session is created.
+ORT's pool threads stopped spinning and followed by one untimed rotation of
+the point's steps (>= 5 ms) that ends with the step just timed; probe_gbs is
+the median of these passes, so a point timed in a slow minute of this shared
+machine is compared with the bandwidth of that minute. %roof = the bandwidth
+as a % of the roofline min(probe_gbs, FMA peak x bytes per weight / n) -- at
+n tokens per expert each weight takes n FMAs, so from a few tokens on the
+cores' FMA rate (hinamoe.measure_fma_peak(threads), probed before and after
+the points, the larger value used) bounds the stream. %BWmax (JSON:
+pct_bw_max_probe) is the older comparison, against the larger of the read
+bandwidths probed before and after all points. --no-probe-between times the
+runs back to back without probe passes and compares with that larger value.
+Then the speed-up over ONNX Runtime's CPU EP on the same node (same dtype
+where the CPU EP has it, and always against the CPU EP running the f32
+model); the CPU EP's points get their own probe passes. The CPU EP has no
+bf16 MoE, and converts f16 weights to f32 when the session is created.
 
 Examples:
   hina-bench ffn                                  # default: 3 models, all points
@@ -184,10 +184,10 @@ def _plan_experts(shape, override: int, dtype_itemsize_min: int, l3: int, multip
 def _time_point(sess, cfg, plan, xs, repeats: int, warmup: int, between=None):
     """Times of ``repeats`` runs, rotating the active experts, and the first
     step's output. ``between()`` (a read-probe pass) runs after each timed
-    run; the same step then runs again untimed for >= 5 ms (common.rewarm),
-    so the next timed run starts as back-to-back runs do (ORT's pool threads
-    awake, the last step's data in cache rather than the probe's, the next
-    step's experts still cold)."""
+    run; then one untimed rotation of the steps ending with the one just
+    timed (common.rewarm, >= 5 ms), so the next timed run starts as
+    back-to-back runs do (ORT's pool threads awake, the caches holding the
+    previous steps rather than the probe's buffer, its own experts cold)."""
     from ..models import MoERunner
 
     runners = []
@@ -205,7 +205,8 @@ def _time_point(sess, cfg, plan, xs, repeats: int, warmup: int, between=None):
         times.append((time.perf_counter() - t0) * 1e3)
         if between is not None:
             between()
-            rewarm(r.run)
+            n = len(runners)
+            rewarm([runners[(i + j) % n].run for j in range(1, n + 1)])
     first_out = runners[0]
     first_out.run()
     return times, np.array(first_out.output, copy=True)

@@ -4,6 +4,7 @@ at the attention shapes of real models."""
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -39,21 +40,21 @@ Reported per point: median latency (after warm-up); effective bandwidth
 size) / time; %BW = that bandwidth as a % of the point's own read bandwidth
 (probe_gbs): after each timed run, outside the timed interval, one pass of a
 persistent hinamoe.ReadProbe of max(4 x L3, 256 MiB) (or --bw-bytes),
-started once ORT's pool threads stopped spinning and followed by >= 5 ms of
-untimed re-runs of the step; probe_gbs is the median of these passes, so a
-point timed in a slow minute of this shared machine is compared with the
-bandwidth of that minute (the CPU EP's points get their own passes). %roof =
-the bandwidth as a % of the roofline min(probe_gbs, FMA peak x element size
-/ G) -- each K and V element meets the G query heads of its KV head once,
-2*G FMAs per K+V element pair (softmax exps not counted), so with G = 8
-float16 K/V the FMA rate (hinamoe.measure_fma_peak(threads), probed before
-and after the points, the larger value used), not the memory, bounds it.
-%BWmax (HinaMoE's in the table; JSON: pct_bw_max_probe for both EPs) is the
-older comparison, against the larger of the read bandwidths probed before
-and after all points. --no-probe-between times the runs back to back without
-probe passes and compares with that larger value. Then the speed-up over the
-CPU EP, and the max relative difference between the two EPs' outputs as a
-check.
+started once ORT's pool threads stopped spinning and followed by one untimed
+rotation of the point's steps (>= 5 ms) that ends with the step just timed;
+probe_gbs is the median of these passes, so a point timed in a slow minute
+of this shared machine is compared with the bandwidth of that minute (the
+CPU EP's points get their own passes). %roof = the bandwidth as a % of the
+roofline min(probe_gbs, FMA peak x element size / G) -- each K and V element
+meets the G query heads of its KV head once, 2*G FMAs per K+V element pair
+(softmax exps not counted), so with G = 8 float16 K/V the FMA rate
+(hinamoe.measure_fma_peak(threads), probed before and after the points, the
+larger value used), not the memory, bounds it. %BWmax (HinaMoE's in the
+table; JSON: pct_bw_max_probe for both EPs) is the older comparison, against
+the larger of the read bandwidths probed before and after all points.
+--no-probe-between times the runs back to back without probe passes and
+compares with that larger value. Then the speed-up over the CPU EP, and the
+max relative difference between the two EPs' outputs as a check.
 
 Examples:
   hina-bench gqa                                   # all shapes, contexts, batches, 1 and 2 threads
@@ -179,11 +180,11 @@ class _Layer:
 
 def _time(sess, layers, repeats: int, warmup: int, between=None):
     """Times of ``repeats`` steps cycling the layers, and layer 0's output.
-    ``between()`` (a read-probe pass) runs after each timed step; the same
-    step then runs again untimed for >= 5 ms (common.rewarm), so the next
-    timed step starts as back-to-back steps do (ORT's pool threads awake,
-    the last layer's cache in the CPU cache rather than the probe's buffer,
-    the next layer's still cold)."""
+    ``between()`` (a read-probe pass) runs after each timed step; then one
+    untimed pass over the layers ending with the one just timed
+    (common.rewarm, >= 5 ms), so the next timed step starts as back-to-back
+    steps do (ORT's pool threads awake, the caches holding the previous
+    layers rather than the probe's buffer, its own layer cold)."""
     bindings = [layer.bind(sess) for layer in layers]
     for i in range(warmup):
         sess.run_with_iobinding(bindings[i % len(bindings)])
@@ -195,7 +196,8 @@ def _time(sess, layers, repeats: int, warmup: int, between=None):
         times.append((time.perf_counter() - t0) * 1e3)
         if between is not None:
             between()
-            rewarm(lambda: sess.run_with_iobinding(io))
+            n = len(bindings)
+            rewarm([functools.partial(sess.run_with_iobinding, bindings[(i + j) % n]) for j in range(1, n + 1)])
     sess.run_with_iobinding(bindings[0])
     return times, layers[0].out.astype(np.float64)
 
