@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from bench_checks import check_probe_arithmetic
 
 from hinamoe.bench.cli import build_parser, main
 
@@ -50,12 +51,12 @@ def test_tiny_ffn_run(tmp_path, capsys):
         assert p["bytes_touched"] == 8 * 3 * 2048 * 768 * (2 if p["dtype"] == "bf16" else 4)
     hina = [p for p in pts if p["ep"] == "HinaMoE"]
     assert all(p["speedup_vs_cpu_f32"] for p in hina)
-    assert all(p["pct_bw"] for p in hina)
-    # %roof against the recorded probes, recomputed here from the JSON
-    bw, fma = res["meta"]["read_bandwidth_gbs"]["1"], res["meta"]["fma_peak_per_s"]["1"]
+    check_probe_arithmetic(res, point_repeats=2)
+    # %roof against the point's own probe, recomputed here from the JSON
+    fma = res["meta"]["fma_peak_per_s"]["1"]
     for p in pts:
         size = 2 if p["dtype"] == "bf16" else 4
-        roof = min(bw, fma * size / p["tokens_per_expert"] / 1e9)
+        roof = min(p["probe_gbs"], fma * size / p["tokens_per_expert"] / 1e9)
         assert p["roof_gbs"] == pytest.approx(roof, rel=1e-9)
         assert p["pct_roof"] == pytest.approx(100 * p["gbs"] / roof, rel=1e-9)
     f32 = [p for p in hina if p["dtype"] == "f32"]
@@ -85,6 +86,105 @@ def test_fma_probe_is_physical():
     r1 = hinamoe.measure_fma_peak(threads=1)
     # >= 1 lane-FMA per ns; <= 32 lanes per cycle at 6 GHz
     assert 1e9 < r1 < 32 * 6e9
+
+
+def test_quick_ffn_run_records_interleaved_probes(tmp_path, capsys):
+    """--quick (narrowed to one small point so it stays fast): the JSON's
+    points carry their interleaved probe and %BW is gbs / probe_gbs."""
+    argv = ["ffn", "--quick", "--models", "qwen3-30b-a3b:8", "--tokens", "1", "--threads", "1",
+            "--repeats", "3", "--warmup", "1", "--bw-bytes", "0.03", "--no-progress", "--no-plot",
+            "--out", str(tmp_path)]
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert {p["dtype"] for p in res["points"]} == {"f32", "bf16"}  # --quick's dtypes
+    check_probe_arithmetic(res, point_repeats=3)
+    assert res["meta"]["bandwidth_probe_bytes"] == int(0.03 * 2 ** 30)
+    out = capsys.readouterr().out
+    assert "%BWmax" in out and "read bandwidth during the points (1 thr" in out
+
+
+def test_no_probe_between_times_back_to_back(tmp_path, capsys):
+    """--no-probe-between: no probe passes per point; %BW is then against the
+    max of the before/after probes (= %BWmax), and the roofline too."""
+    argv = ["ffn", "--models", "qwen3-30b-a3b:8", "--tokens", "1", "--dtypes", "f32", "--threads", "1",
+            "--repeats", "2", "--warmup", "1", "--no-probe-between", "--no-cpu-ep",
+            "--bw-bytes", "0.03", "--no-progress", "--no-plot", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["meta"]["interleaved_probe"] is False
+    best = res["meta"]["read_bandwidth_gbs"]["1"]
+    for p in res["points"]:
+        assert p["probe_gbs"] is None and p["probe_passes_gbs"] == []
+        assert p["pct_bw"] == pytest.approx(100 * p["gbs"] / best, rel=1e-9)
+        assert p["pct_bw"] == p["pct_bw_max_probe"]
+        assert p["roof_gbs"] == pytest.approx(min(best, res["meta"]["fma_peak_per_s"]["1"] * 4 / 1e9))
+    out = capsys.readouterr().out
+    assert "--no-probe-between" in out and "during the points" not in out
+
+
+def test_read_probe_passes():
+    """hinamoe.ReadProbe: plausible GB/s pass after pass, one and two threads."""
+    import hinamoe
+
+    for threads in (1, 2):
+        with hinamoe.ReadProbe(16 << 20, threads) as probe:
+            assert probe.threads == threads
+            assert probe.nbytes == (16 << 20) // threads // 256 * 256 * threads
+            passes = [probe.pass_gbs() for _ in range(4)]
+        # > 0.1 GB/s (any machine streams faster); < 10 TB/s (no machine does)
+        assert all(0.1 < g < 1e4 for g in passes), passes
+        with pytest.raises(ValueError, match="closed"):
+            probe.pass_gbs()
+        probe.close()  # closing twice is fine
+
+
+@pytest.mark.parametrize("nbytes, threads, what", [
+    (0, 1, "nbytes"), (-4096, 1, "nbytes"), (4096.0, 1, "nbytes"),
+    (4096, 0, "threads"), (4096, -1, "threads"), (4096, 100000, "threads"),
+])
+def test_read_probe_bad_arguments(nbytes, threads, what):
+    import hinamoe
+
+    with pytest.raises(ValueError, match=f"ReadProbe: {what}"):
+        hinamoe.ReadProbe(nbytes, threads)
+
+
+def test_wait_until_quiet(monkeypatch):
+    """Returns after the first quiet window when nothing runs; waits up to
+    max_s while the process keeps a core busy (CPU clock faked: 1 s per read)."""
+    import time
+
+    from hinamoe.bench.common import wait_until_quiet
+
+    assert wait_until_quiet(window_s=0.002, max_s=5.0) < 2.5
+    ticks = iter(range(10 ** 6))
+    monkeypatch.setattr(time, "process_time", lambda: float(next(ticks)))
+    assert wait_until_quiet(window_s=0.002, max_s=0.05) >= 0.05
+
+
+def test_rewarm_replays_the_rotation_until_min_s():
+    """One pass over the steps in order (ending with the step just timed),
+    repeated until min_s passed."""
+    import time
+
+    from hinamoe.bench.common import rewarm
+
+    calls = []
+    steps = [lambda k=k: calls.append(k) for k in (2, 0, 1)]
+    rewarm(steps, min_s=0.0)
+    assert calls == [2, 0, 1]
+    calls.clear()
+    t0 = time.perf_counter()
+    rewarm(steps, min_s=0.02)
+    assert time.perf_counter() - t0 >= 0.02
+    assert len(calls) % 3 == 0 and len(calls) > 3 and calls[:3] == [2, 0, 1] and calls[-1] == 1
+
+
+def test_measure_read_bandwidth_on_the_probe():
+    """The one-shot probe is the median of ReadProbe passes: plausible GB/s."""
+    import hinamoe
+
+    assert 0.1 < hinamoe.measure_read_bandwidth(threads=2, nbytes=16 << 20, repeats=3) < 1e4
 
 
 def test_other_load_sees_a_busy_neighbour():

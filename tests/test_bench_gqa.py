@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from bench_checks import check_probe_arithmetic
 
 from hinamoe.bench.cli import build_parser, main
 
@@ -48,13 +49,14 @@ def test_tiny_gqa_run(tmp_path, capsys):
     pts = res["points"]
     assert {p["ep"] for p in pts} == {"HinaMoE", "CPU"}
     assert len(pts) == 2 * 2 * 2 * 2 and {p["dtype"] for p in pts} == {"f32", "f16"}
+    check_probe_arithmetic(res, point_repeats=2)
     for p in pts:
         assert p["median_ms"] > 0 and p["gbs"] > 0 and p["pct_bw"]
         itemsize = 2 if p["dtype"] == "f16" else 4
         assert p["kv_bytes"] == 2 * p["batch"] * 8 * p["context"] * 64 * itemsize
-        # gpt-oss: 64 query heads over 8 KV heads, G = 8
-        bw, fma = res["meta"]["read_bandwidth_gbs"]["1"], res["meta"]["fma_peak_per_s"]["1"]
-        roof = min(bw, fma * itemsize / 8 / 1e9)
+        # gpt-oss: 64 query heads over 8 KV heads, G = 8; the point's own probe
+        fma = res["meta"]["fma_peak_per_s"]["1"]
+        roof = min(p["probe_gbs"], fma * itemsize / 8 / 1e9)
         assert p["roof_gbs"] == pytest.approx(roof, rel=1e-9)
         assert p["pct_roof"] == pytest.approx(100 * p["gbs"] / roof, rel=1e-9)
     for p in (p for p in pts if p["ep"] == "HinaMoE"):
@@ -80,4 +82,17 @@ def test_bf16_runs_on_hinamoe_alone(tmp_path):
     assert p["kv_bytes"] == 2 * 1 * 4 * 65 * 128 * 2  # K+V, 4 KV heads, d 128, bf16
     assert p["gbs"] > 0 and p["speedup_vs_cpu"] is None
     fma = res["meta"]["fma_peak_per_s"]["1"]
-    assert p["roof_gbs"] == pytest.approx(min(res["meta"]["read_bandwidth_gbs"]["1"], fma * 2 / 8 / 1e9))
+    assert p["roof_gbs"] == pytest.approx(min(p["probe_gbs"], fma * 2 / 8 / 1e9))
+
+
+def test_quick_gqa_run_records_interleaved_probes(tmp_path, capsys):
+    """--quick (narrowed to one small context so it stays fast): both EPs'
+    points carry their own interleaved probe and %BW is gbs / probe_gbs."""
+    argv = ["gqa", "--quick", "--contexts", "65", "--threads", "1", "--repeats", "3", "--warmup", "1",
+            "--max-layers", "1", "--bw-bytes", "0.03", "--no-progress", "--no-plot", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert {p["ep"] for p in res["points"]} == {"HinaMoE", "CPU"}
+    check_probe_arithmetic(res, point_repeats=3)
+    out = capsys.readouterr().out
+    assert "%BWmax" in out and "read bandwidth during the points (1 thr" in out

@@ -9,6 +9,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -56,69 +59,119 @@ uint64_t read_scalar(const char* p, size_t n) {
   return a0 ^ a1 ^ a2 ^ a3;
 }
 
+inline void cpu_relax() {
+#ifdef HINAMOE_X86
+  _mm_pause();
+#endif
+}
+
 }  // namespace
 
-double read_bandwidth_gbs(size_t bytes, int threads, int repeats) {
-  threads = std::max(1, std::min(threads, 256));
-  repeats = std::max(1, repeats);
+ReadProbe::ReadProbe(size_t bytes, int threads) {
+  if (bytes == 0) throw std::invalid_argument("read probe: bytes must be > 0");
+  if (threads < 1 || threads > kMaxThreads)
+    throw std::invalid_argument("read probe: threads must be in [1, " + std::to_string(kMaxThreads) + "], got " +
+                                std::to_string(threads));
+  threads_ = threads;
+  slice_ = std::max<size_t>(4096, (bytes / size_t(threads)) / 256 * 256);
   constexpr size_t kAlign = size_t(2) << 20;  // 2 MiB: lets the kernel back it with huge pages
-  const size_t slice = std::max<size_t>(4096, (bytes / size_t(threads)) / 256 * 256);
-  const size_t total = slice * size_t(threads);
-  const size_t alloc = (total + kAlign - 1) / kAlign * kAlign;
-  char* buf = static_cast<char*>(std::aligned_alloc(kAlign, alloc));
-  if (!buf) return 0.0;
+  const size_t alloc = (size_t(threads) * slice_ + kAlign - 1) / kAlign * kAlign;
+  buf_ = static_cast<char*>(std::aligned_alloc(kAlign, alloc));
+  if (!buf_) throw std::bad_alloc();
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  madvise(buf, alloc, MADV_HUGEPAGE);
+  madvise(buf_, alloc, MADV_HUGEPAGE);
 #endif
-  const bool avx2 = tier_unavailable_reason("avx2").empty();
-  std::atomic<int> go{0}, done{0};
-  std::atomic<uint64_t> sink{0};
-
-  auto read_slice = [avx2](const char* p, size_t n) {
-#ifdef HINAMOE_X86
-    return avx2 ? read_avx2(p, n) : read_scalar(p, n);
-#else
-    (void)avx2;
-    return read_scalar(p, n);
-#endif
-  };
-  auto body = [&](int id) {
-    char* p = buf + size_t(id) * slice;
-    std::memset(p, id + 1, slice);  // first touch by the reading thread
-    uint64_t acc = 0;
-    for (int r = 0; r <= repeats; ++r) {  // pass 0 is the warm-up
-      while (go.load(std::memory_order_acquire) <= r) std::this_thread::yield();
-      acc ^= read_slice(p, slice);
-      done.fetch_add(1, std::memory_order_acq_rel);
-    }
-    sink.fetch_xor(acc);
-  };
-
-  std::vector<std::thread> pool;
-  for (int i = 1; i < threads; ++i) pool.emplace_back(body, i);
-  // The calling thread reads slice 0 and times each pass from release to the last finisher.
-  std::vector<double> secs;
-  {
-    char* p = buf;
-    std::memset(p, 1, slice);
-    uint64_t acc = 0;
-    for (int r = 0; r <= repeats; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      go.store(r + 1, std::memory_order_release);
-      acc ^= read_slice(p, slice);
-      done.fetch_add(1, std::memory_order_acq_rel);
-      while (done.load(std::memory_order_acquire) < threads * (r + 1)) {
-      }
-      const auto t1 = std::chrono::steady_clock::now();
-      if (r > 0) secs.push_back(std::chrono::duration<double>(t1 - t0).count());
-    }
-    sink.fetch_xor(acc);
+  avx2_ = tier_unavailable_reason("avx2").empty();
+  try {
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_main(i); });
+  } catch (...) {
+    stop_workers();
+    std::free(buf_);
+    throw;
   }
-  for (auto& t : pool) t.join();
-  std::free(buf);
-  std::sort(secs.begin(), secs.end());
-  const double med = secs[secs.size() / 2];
-  return med > 0 ? double(total) / med / 1e9 : 0.0;
+  std::memset(buf_, 1, slice_);  // slice 0: first touch by the thread that calls pass_gbs
+  // Wait for the workers' first touch, so the first pass times reads only.
+  for (int spins = 0; done_.load(std::memory_order_acquire) < threads_ - 1; ++spins) {
+    if (spins < 4096) cpu_relax(); else std::this_thread::yield();
+  }
+}
+
+ReadProbe::~ReadProbe() {
+  stop_workers();
+  std::free(buf_);
+}
+
+void ReadProbe::stop_workers() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  go_.notify_all();
+  for (auto& w : workers_) w.join();
+  workers_.clear();
+}
+
+uint64_t ReadProbe::read_slice(int id) const {
+  const char* p = buf_ + size_t(id) * slice_;
+#ifdef HINAMOE_X86
+  return avx2_ ? read_avx2(p, slice_) : read_scalar(p, slice_);
+#else
+  return read_scalar(p, slice_);
+#endif
+}
+
+void ReadProbe::worker_main(int id) {
+  std::memset(buf_ + size_t(id) * slice_, id + 1, slice_);  // first touch by the reading thread
+  done_.fetch_add(1, std::memory_order_acq_rel);
+  uint64_t seen = 0, acc = 0;
+  for (;;) {
+    {
+      // Asleep between passes: a probe interleaved with a benchmark must not
+      // take CPU from the runs it is compared with.
+      std::unique_lock<std::mutex> lk(mu_);
+      go_.wait(lk, [&] { return stop_ || generation_ != seen; });
+      if (stop_) break;
+      seen = generation_;
+    }
+    acc ^= read_slice(id);
+    done_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  sink_.fetch_xor(acc, std::memory_order_relaxed);
+}
+
+double ReadProbe::pass_gbs() {
+  std::lock_guard<std::mutex> pass(pass_mu_);
+  // Every worker checked in after the last pass (or its first touch), so the count can restart.
+  done_.store(0, std::memory_order_relaxed);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++generation_;
+  }
+  go_.notify_all();
+  const uint64_t acc = read_slice(0);
+  for (int spins = 0; done_.load(std::memory_order_acquire) < threads_ - 1; ++spins) {
+    if (spins < 4096) cpu_relax(); else std::this_thread::yield();
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  sink_.fetch_xor(acc, std::memory_order_relaxed);
+  const double secs = std::chrono::duration<double>(t1 - t0).count();
+  return secs > 0 ? double(bytes()) / secs / 1e9 : 0.0;
+}
+
+double read_bandwidth_gbs(size_t bytes, int threads, int repeats) {
+  threads = std::max(1, std::min(threads, ReadProbe::kMaxThreads));
+  repeats = std::max(1, repeats);
+  try {
+    ReadProbe probe(std::max<size_t>(bytes, 1), threads);
+    probe.pass_gbs();  // warm-up
+    std::vector<double> gbs;
+    for (int r = 0; r < repeats; ++r) gbs.push_back(probe.pass_gbs());
+    std::sort(gbs.begin(), gbs.end());
+    return gbs[gbs.size() / 2];
+  } catch (const std::bad_alloc&) {
+    return 0.0;
+  }
 }
 
 }  // namespace hinamoe

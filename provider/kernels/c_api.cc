@@ -8,6 +8,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
+#include <stdexcept>
 #include <string>
 
 #include "bandwidth.h"
@@ -61,6 +63,11 @@ const numa::Topology* topology_for(const char* name, bool* ok, std::string* why)
 
 }  // namespace
 
+// The C handle is the C++ object itself.
+struct HinamoeReadProbe : ReadProbe {
+  using ReadProbe::ReadProbe;
+};
+
 extern "C" {
 
 double hinamoe_read_bandwidth_gbs(size_t bytes, int threads, int repeats) {
@@ -70,6 +77,40 @@ double hinamoe_read_bandwidth_gbs(size_t bytes, int threads, int repeats) {
     return 0.0;
   }
 }
+
+int hinamoe_read_probe_create(size_t bytes, int threads, HinamoeReadProbe** out, char* err, size_t err_len) {
+  if (!out) {
+    set_err(err, err_len, "read probe: out is NULL");
+    return 1;
+  }
+  *out = nullptr;
+  try {
+    *out = new HinamoeReadProbe(bytes, threads);
+    set_err(err, err_len, "");
+    return 0;
+  } catch (const std::invalid_argument& e) {
+    set_err(err, err_len, e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    set_err(err, err_len, "read probe: cannot allocate " + std::to_string(bytes) + " bytes");
+    return 2;
+  } catch (const std::exception& e) {
+    set_err(err, err_len, std::string("read probe: ") + e.what());
+    return 2;
+  }
+}
+
+double hinamoe_read_probe_pass_gbs(HinamoeReadProbe* probe) {
+  try {
+    return probe ? probe->pass_gbs() : 0.0;
+  } catch (...) {
+    return 0.0;
+  }
+}
+
+size_t hinamoe_read_probe_bytes(const HinamoeReadProbe* probe) { return probe ? probe->bytes() : 0; }
+
+void hinamoe_read_probe_free(HinamoeReadProbe* probe) { delete probe; }
 
 double hinamoe_fma_peak_per_s(int threads) {
   try {

@@ -20,6 +20,28 @@ extern "C" {
  * streamed by `threads` threads; 0 on allocation failure. */
 HINAMOE_API double hinamoe_read_bandwidth_gbs(size_t bytes, int threads, int repeats);
 
+/* A persistent read-bandwidth probe (provider/kernels/bandwidth.h ReadProbe):
+ * its buffer and reader threads are set up once, and each pass is timed on
+ * its own, so a benchmark can take one pass after each timed run. */
+typedef struct HinamoeReadProbe HinamoeReadProbe;
+
+/* Allocates and first-touches about `bytes` split over `threads` reader
+ * threads. Returns 0 and sets *out on success; 1 on a bad argument (bytes
+ * == 0, threads outside [1, 256], out NULL), 2 when the buffer or the
+ * threads cannot be had; the reason goes to err[err_len] (may be NULL). */
+HINAMOE_API int hinamoe_read_probe_create(size_t bytes, int threads, HinamoeReadProbe** out, char* err,
+                                          size_t err_len);
+
+/* One timed pass over the whole buffer by all threads, in GB/s (1e9 B/s);
+ * 0 when probe is NULL. */
+HINAMOE_API double hinamoe_read_probe_pass_gbs(HinamoeReadProbe* probe);
+
+/* Bytes one pass streams (the request rounded to whole 256 B per thread). */
+HINAMOE_API size_t hinamoe_read_probe_bytes(const HinamoeReadProbe* probe);
+
+/* Joins the threads and frees the buffer; NULL is ignored. */
+HINAMOE_API void hinamoe_read_probe_free(HinamoeReadProbe* probe);
+
 /* Float lane-FMAs per second that `threads` threads reach together on
    independent 256-bit FMA chains (the compute roofline); 0 without AVX2/FMA. */
 HINAMOE_API double hinamoe_fma_peak_per_s(int threads);

@@ -1,6 +1,6 @@
 """ctypes bindings to libhinamoe_kernels.so, the operator library's C ABI
 (usable without ONNX Runtime: CPU tier detection, read-bandwidth and FMA-rate
-probes, the NUMA segment planner)."""
+probes, a persistent read probe, the NUMA segment planner)."""
 from __future__ import annotations
 
 import ctypes
@@ -15,6 +15,15 @@ def _lib() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     lib.hinamoe_read_bandwidth_gbs.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
     lib.hinamoe_read_bandwidth_gbs.restype = ctypes.c_double
+    lib.hinamoe_read_probe_create.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                                              ctypes.c_char_p, ctypes.c_size_t]
+    lib.hinamoe_read_probe_create.restype = ctypes.c_int
+    lib.hinamoe_read_probe_pass_gbs.argtypes = [ctypes.c_void_p]
+    lib.hinamoe_read_probe_pass_gbs.restype = ctypes.c_double
+    lib.hinamoe_read_probe_bytes.argtypes = [ctypes.c_void_p]
+    lib.hinamoe_read_probe_bytes.restype = ctypes.c_size_t
+    lib.hinamoe_read_probe_free.argtypes = [ctypes.c_void_p]
+    lib.hinamoe_read_probe_free.restype = None
     lib.hinamoe_fma_peak_per_s.argtypes = [ctypes.c_int]
     lib.hinamoe_fma_peak_per_s.restype = ctypes.c_double
     lib.hinamoe_best_tier.argtypes = []
@@ -41,6 +50,65 @@ def measure_read_bandwidth(threads: int = 2, nbytes: int = 1 << 30, repeats: int
     if not gbs > 0:
         raise RuntimeError("read-bandwidth probe failed")
     return float(gbs)
+
+
+class ReadProbe:
+    """A read-bandwidth probe to sample many times: about `nbytes` are
+    allocated and first touched once, split over `threads` reader threads
+    that stay alive (asleep between passes). `pass_gbs()` times one pass of
+    all threads over the whole buffer. A benchmark takes one pass after each
+    timed run to compare the run with the bandwidth of the same moment.
+
+        with hinamoe.ReadProbe(256 << 20, threads=2) as probe:
+            gbs = probe.pass_gbs()
+
+    `nbytes` is what one pass actually streams (the request rounded down to
+    whole 256 B per thread, at least 4 KiB per thread)."""
+
+    def __init__(self, nbytes: int, threads: int = 2):
+        self._handle = None
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+            raise ValueError(f"ReadProbe: nbytes must be a positive int, got {nbytes!r}")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"ReadProbe: threads must be an int >= 1, got {threads!r}")
+        lib = _lib()
+        handle = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(512)
+        rc = lib.hinamoe_read_probe_create(nbytes, threads, ctypes.byref(handle), err, len(err))
+        if rc == 1:
+            raise ValueError(f"ReadProbe: {err.value.decode().removeprefix('read probe: ')}")
+        if rc != 0:
+            raise MemoryError(err.value.decode())
+        self._handle = handle
+        self.threads = threads
+        self.nbytes = int(lib.hinamoe_read_probe_bytes(handle))
+
+    def pass_gbs(self) -> float:
+        """One timed pass over the buffer by all threads, in GB/s (1e9 B/s)."""
+        if self._handle is None:
+            raise ValueError("ReadProbe is closed")
+        gbs = _lib().hinamoe_read_probe_pass_gbs(self._handle)
+        if not gbs > 0:
+            raise RuntimeError("read-bandwidth probe pass failed")
+        return float(gbs)
+
+    def close(self) -> None:
+        """Joins the reader threads and frees the buffer (idempotent)."""
+        if self._handle is not None:
+            _lib().hinamoe_read_probe_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "ReadProbe":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the library may be gone
+            pass
 
 
 def measure_fma_peak(threads: int = 2) -> float:

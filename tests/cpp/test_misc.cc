@@ -1,6 +1,7 @@
 // Tier selection, the thread pool, the bandwidth probe, the C ABI and
 // concurrent calls.
 #include <atomic>
+#include <stdexcept>
 #include <thread>
 
 #include "bandwidth.h"
@@ -60,6 +61,52 @@ TEST(bandwidth_probe) {
   const double c = hinamoe_read_bandwidth_gbs(size_t(8) << 20, 1, 2);
   ht::check(std::isfinite(c) && c > 0, ht::fmt("C ABI probe returned %g GB/s", c));
   std::printf("  read bandwidth (32 MiB, 2 threads): %.1f GB/s\n", gbs);
+}
+
+TEST(read_probe_passes) {
+  // One thread and several; repeated passes over the same buffer and threads.
+  for (int threads : {1, 2, 3}) {
+    ReadProbe probe(size_t(8) << 20, threads);
+    ht::check(probe.threads() == threads, ht::fmt("threads() = %d", probe.threads()));
+    const size_t slice = (size_t(8) << 20) / size_t(threads) / 256 * 256;
+    ht::check(probe.bytes() == slice * size_t(threads), ht::fmt("%d threads: bytes() = %zu", threads, probe.bytes()));
+    for (int pass = 0; pass < 5; ++pass) {
+      const double gbs = probe.pass_gbs();
+      if (!ht::check(std::isfinite(gbs) && gbs > 0, ht::fmt("%d threads, pass %d: %g GB/s", threads, pass, gbs)))
+        break;
+    }
+  }
+  // Tiny requests still stream at least 4 KiB per thread.
+  ReadProbe tiny(1, 2);
+  ht::check(tiny.bytes() == 2 * 4096, ht::fmt("tiny probe streams %zu bytes", tiny.bytes()));
+  ht::check(tiny.pass_gbs() > 0, "tiny probe pass");
+  CHECK_THROWS(ReadProbe(0, 1), std::invalid_argument);
+  CHECK_THROWS(ReadProbe(4096, 0), std::invalid_argument);
+  CHECK_THROWS(ReadProbe(4096, ReadProbe::kMaxThreads + 1), std::invalid_argument);
+}
+
+TEST(read_probe_c_api) {
+  char err[256] = "poison";
+  HinamoeReadProbe* p = nullptr;
+  int rc = hinamoe_read_probe_create(size_t(4) << 20, 2, &p, err, sizeof err);
+  ht::check(rc == 0 && p != nullptr && err[0] == '\0', std::string("create: ") + err);
+  ht::check(hinamoe_read_probe_bytes(p) == (size_t(4) << 20), ht::fmt("bytes %zu", hinamoe_read_probe_bytes(p)));
+  for (int pass = 0; pass < 3; ++pass) {
+    const double gbs = hinamoe_read_probe_pass_gbs(p);
+    ht::check(std::isfinite(gbs) && gbs > 0, ht::fmt("C ABI pass %d: %g GB/s", pass, gbs));
+  }
+  hinamoe_read_probe_free(p);
+  hinamoe_read_probe_free(nullptr);
+  ht::check(hinamoe_read_probe_pass_gbs(nullptr) == 0.0, "NULL probe passes at 0");
+  p = reinterpret_cast<HinamoeReadProbe*>(&err);  // must be reset to NULL on failure
+  rc = hinamoe_read_probe_create(0, 1, &p, err, sizeof err);
+  ht::check(rc == 1 && p == nullptr && std::string(err).find("bytes") != std::string::npos,
+            std::string("bytes = 0 rejected: ") + err);
+  rc = hinamoe_read_probe_create(4096, 0, &p, err, sizeof err);
+  ht::check(rc == 1 && std::string(err).find("threads") != std::string::npos,
+            std::string("threads = 0 rejected: ") + err);
+  rc = hinamoe_read_probe_create(4096, 1, nullptr, err, sizeof err);
+  ht::check(rc == 1, "out = NULL rejected");
 }
 
 TEST(fma_peak_probe) {

@@ -1,14 +1,16 @@
 """What every hina-bench subcommand shares: list options, machine facts,
-sessions on HinaMoE or the CPU EP, and the read-bandwidth probe the
+sessions on HinaMoE or the CPU EP, and the read-bandwidth probes the
 results are measured against."""
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
 L3_BYTES_DEFAULT = 32 * 2 ** 20
+PROBE_MIN_BYTES = 256 * 2 ** 20
 
 
 def csv(kind):
@@ -37,6 +39,14 @@ def l3_bytes() -> int:
         return best or L3_BYTES_DEFAULT
     except Exception:
         return L3_BYTES_DEFAULT
+
+
+def probe_bytes(bw_bytes_gib: float | None, l3: int) -> int:
+    """Bytes of the read probe's buffer: --bw-bytes (GiB) when given, else
+    max(4 x L3, 256 MiB), enough that a pass streams from DRAM."""
+    if bw_bytes_gib:
+        return int(bw_bytes_gib * 2 ** 30)
+    return max(4 * l3, PROBE_MIN_BYTES)
 
 
 def cpu_name() -> str:
@@ -166,21 +176,98 @@ class _PerThreadProbe:
 
 
 class BandwidthProbe(_PerThreadProbe):
-    """Read bandwidth in GB/s per thread count (the kernel library's AVX2 reader)."""
+    """Read bandwidth in GB/s per thread count, from one persistent
+    hinamoe.ReadProbe (the kernel library's AVX2 reader) per thread count,
+    set up once: probe() takes the median of `repeats` passes, and reader()
+    hands out the same object for passes interleaved with a point's runs.
+    Holds len(threads) x nbytes of memory until close()."""
 
     what = "read-bandwidth probe"
 
     def __init__(self, threads: list[int], nbytes: int, repeats: int):
         super().__init__(threads)
         self.nbytes, self.repeats = nbytes, repeats
+        self._readers: dict = {}
+
+    def reader(self, threads: int):
+        """The persistent hinamoe.ReadProbe of `threads` (made, and warmed up
+        by one pass, on first use)."""
+        r = self._readers.get(threads)
+        if r is None:
+            import hinamoe
+
+            r = hinamoe.ReadProbe(self.nbytes, threads)
+            r.pass_gbs()  # warm-up
+            self._readers[threads] = r
+        return r
 
     def measure(self, threads: int) -> float:
-        import hinamoe
-
-        return hinamoe.measure_read_bandwidth(threads=threads, nbytes=self.nbytes, repeats=self.repeats)
+        r = self.reader(threads)
+        return statistics.median(r.pass_gbs() for _ in range(self.repeats))
 
     def fmt(self, value: float) -> str:
         return f"{value:.1f} GB/s"
+
+    def close(self) -> None:
+        for r in self._readers.values():
+            r.close()
+        self._readers.clear()
+
+
+def wait_until_quiet(window_s: float = 0.005, busy: float = 0.25, max_s: float = 0.5) -> float:
+    """Sleeps until this process keeps less than `busy` of a core busy over a
+    `window_s` window (at most `max_s`); returns the seconds waited. After a
+    Run, ONNX Runtime's intra-op pool threads spin for tens of ms
+    (session.intra_op.allow_spinning, on by default); on a machine with no
+    spare core they take a core from a read-probe pass started at once
+    (measured here: 2 threads, 2 cores, ~0.6x the bandwidth)."""
+    import time
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < max_s:
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(window_s)
+        if time.process_time() - cpu < busy * (time.perf_counter() - wall):
+            break
+    return time.perf_counter() - t0
+
+
+def rewarm(steps, min_s: float = 0.005) -> None:
+    """Runs the untimed `steps` (callables; the rotation of a point's steps
+    that ends with the one just timed) in order, again until `min_s` passed,
+    so that the next timed step finds the caches (data, page-table entries)
+    and ORT's pool threads as back-to-back runs leave them rather than as the
+    probe pass and the idle wait before it did (measured here, GQA decode at
+    2 threads: after the wait, the pass and one re-run of the same step, the
+    next timed step took ~20% longer than back to back)."""
+    import time
+
+    t_end = time.perf_counter() + min_s
+    while True:
+        for step in steps:
+            step()
+        if time.perf_counter() >= t_end:
+            return
+
+
+class InterleavedProbe:
+    """Read-probe passes taken between a point's timed runs (call it after
+    each one, outside the timed interval): their median is the bandwidth of
+    the minutes the point was measured in. Each pass waits until ORT's pool
+    threads stopped spinning (wait_until_quiet). With no reader it records
+    nothing."""
+
+    def __init__(self, reader):
+        self.reader = reader
+        self.passes: list[float] = []
+
+    def __call__(self) -> None:
+        if self.reader is not None:
+            wait_until_quiet()
+            self.passes.append(self.reader.pass_gbs())
+
+    def median(self) -> float | None:
+        return statistics.median(self.passes) if self.passes else None
 
 
 class FmaProbe(_PerThreadProbe):
@@ -211,11 +298,17 @@ def roofline_gbs(bandwidth_gbs: float | None, fma_per_s: float | None, bytes_per
 
 
 class MachineProbes:
-    """What every benchmark is measured against, taken before and after its
-    points: read bandwidth and FMA rate per thread count, and the CPU other
-    processes used meanwhile."""
+    """What every benchmark is measured against: read bandwidth and FMA rate
+    per thread count, probed before and after all points, the read bandwidth
+    also during each point (between(threads): one pass after each timed run,
+    on the same persistent buffer), and the CPU other processes used
+    meanwhile. A point's %BW and roofline use its own interleaved probe: this
+    machine's bandwidth moves by tens of % from minute to minute, so a point
+    is compared with the bandwidth of its own minutes; %BW against the max of
+    the before/after probes is kept as pct_bw_max_probe."""
 
-    def __init__(self, threads: list[int], bw_bytes: int, quick: bool):
+    def __init__(self, threads: list[int], bw_bytes: int, quick: bool, interleave: bool = True):
+        self.interleave = interleave
         self.load = OtherLoad()
         self.bandwidth = BandwidthProbe(threads, bw_bytes, repeats=3 if quick else 5)
         self.fma = FmaProbe(threads)
@@ -227,18 +320,49 @@ class MachineProbes:
         self.fma.probe()
 
     def describe(self, when: str) -> str:
-        return (f"read bandwidth ({when}): {self.bandwidth.describe()}\n"
+        return (f"read bandwidth ({when}; {self.bandwidth.nbytes / 2 ** 20:.0f} MiB passes): "
+                f"{self.bandwidth.describe()}\n"
                 f"FMA peak ({when}): {self.fma.describe()}")
 
+    def between(self, threads: int) -> InterleavedProbe | None:
+        """Passes to take after each timed run of a point on `threads` threads
+        (None with interleave=False: the timed runs go back to back)."""
+        if not self.interleave:
+            return None
+        return InterleavedProbe(self.bandwidth.reader(threads) if self.bandwidth.ok else None)
+
+    @staticmethod
+    def record(point, probe: InterleavedProbe | None) -> None:
+        """Stores a point's interleaved passes: probe_gbs (their median) and probe_passes_gbs."""
+        if probe is not None:
+            point.probe_gbs = probe.median()
+            point.probe_passes_gbs = [round(g, 2) for g in probe.passes]
+
+    def describe_interleaved(self, points) -> str:
+        """One line per thread count: the range of the points' probe medians."""
+        lines = []
+        for t in self.bandwidth.runs:
+            meds = [p.probe_gbs for p in points if p.threads == t and p.probe_gbs]
+            if meds:
+                lines.append(f"read bandwidth during the points ({t} thr, median of the passes after "
+                             f"each timed run): {min(meds):.1f} .. {max(meds):.1f} GB/s over "
+                             f"{len(meds)} points")
+        return "\n".join(lines)
+
     def finish(self) -> None:
-        """The probes after the points, and the other processes' load."""
+        """The probes after the points, and the other processes' load; frees the probe buffers."""
         self._probe()
         self.others = self.load.cores_used()
+        self.bandwidth.close()
 
     def rate(self, point, bytes_per_elem: int, fmas_per_elem: int) -> None:
-        """Sets point.pct_bw, roof_gbs and pct_roof from point.gbs and threads."""
-        bw = self.bandwidth.best().get(point.threads)
+        """Sets point.pct_bw and the roofline (roof_gbs, pct_roof) from point.gbs
+        and its own interleaved probe (point.probe_gbs; without one, the max of
+        the before/after probes), and pct_bw_max_probe against that max."""
+        best = self.bandwidth.best().get(point.threads)
+        bw = point.probe_gbs if self.interleave else best
         point.pct_bw = 100.0 * point.gbs / bw if bw else None
+        point.pct_bw_max_probe = 100.0 * point.gbs / best if best else None
         point.roof_gbs = roofline_gbs(bw, self.fma.best().get(point.threads), bytes_per_elem, fmas_per_elem)
         point.pct_roof = 100.0 * point.gbs / point.roof_gbs if point.roof_gbs else None
 
@@ -251,4 +375,10 @@ class MachineProbes:
                     read_bandwidth_probes_gbs={str(k): v for k, v in self.bandwidth.runs.items()},
                     bandwidth_probe_bytes=self.bandwidth.nbytes,
                     fma_peak_per_s={str(k): v for k, v in self.fma.best().items()},
-                    other_processes_cores=self.others)
+                    other_processes_cores=self.others,
+                    interleaved_probe=self.interleave,
+                    pct_bw_basis=("pct_bw, roof_gbs: against the point's probe_gbs (median of one "
+                                  "read-probe pass after each timed run)" if self.interleave else
+                                  "pct_bw, roof_gbs: against read_bandwidth_gbs (--no-probe-between)")
+                    + "; pct_bw_max_probe: against read_bandwidth_gbs (max of the probes before/after "
+                      "all points)")

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from .common import MachineProbes, cpu_name, csv, hinamoe_tier, l3_bytes, make_session
+from .common import (MachineProbes, cpu_name, csv, hinamoe_tier, l3_bytes, make_session, probe_bytes,
+                     rewarm)
 
 NAME = "ffn"
 HELP = "time a single MoE FFN node at real expert shapes (HinaMoE vs ORT CPU EP)"
@@ -31,17 +32,25 @@ experts than the real model (shapes are exact) but at least ~4x the last-level
 cache, and the active experts rotate between timed repetitions, so the weights
 stream from DRAM as in decode.
 
-Reported per point: median latency (after warm-up), effective bandwidth
-= expert weight bytes touched / time (bytes in the model's dtype), that
-bandwidth as a % of the read bandwidth measured by
-hinamoe.measure_read_bandwidth(threads) in the same run (probed before and
-after the points; the larger value is used), as a % of the roofline
-min(read bandwidth, FMA peak x bytes per weight / n) -- at n tokens per
-expert each weight takes n FMAs, so from a few tokens on the cores' FMA rate
-(hinamoe.measure_fma_peak(threads), probed likewise) bounds the stream --
-and the speed-up
-over ONNX Runtime's CPU EP on the same node (same dtype where the CPU EP has
-it, and always against the CPU EP running the f32 model). The CPU EP has no
+Reported per point: median latency (after warm-up); effective bandwidth
+(GB/s) = expert weight bytes touched / time (bytes in the model's dtype);
+%BW = that bandwidth as a % of the point's own read bandwidth (probe_gbs):
+after each timed run, outside the timed interval, one pass of a persistent
+hinamoe.ReadProbe of max(4 x L3, 256 MiB) (or --bw-bytes), started once
+ORT's pool threads stopped spinning and followed by one untimed rotation of
+the point's steps (>= 5 ms) that ends with the step just timed; probe_gbs is
+the median of these passes, so a point timed in a slow minute of this shared
+machine is compared with the bandwidth of that minute. %roof = the bandwidth
+as a % of the roofline min(probe_gbs, FMA peak x bytes per weight / n) -- at
+n tokens per expert each weight takes n FMAs, so from a few tokens on the
+cores' FMA rate (hinamoe.measure_fma_peak(threads), probed before and after
+the points, the larger value used) bounds the stream. %BWmax (JSON:
+pct_bw_max_probe) is the older comparison, against the larger of the read
+bandwidths probed before and after all points. --no-probe-between times the
+runs back to back without probe passes and compares with that larger value.
+Then the speed-up over ONNX Runtime's CPU EP on the same node (same dtype
+where the CPU EP has it, and always against the CPU EP running the f32
+model); the CPU EP's points get their own probe passes. The CPU EP has no
 bf16 MoE, and converts f16 weights to f32 when the session is created.
 
 Examples:
@@ -92,8 +101,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-cache-multiple", type=float, default=4.0, metavar="X",
                    help="grow the number of experts until the layer is >= X times the "
                         "L3 cache (default 4)")
+    g.add_argument("--no-probe-between", action="store_true",
+                   help="no read-probe pass after each timed run (timed runs back to back, as "
+                        "before the interleaved probe); %%BW is then against the max of the "
+                        "probes before/after all points, like %%BWmax")
     g.add_argument("--bw-bytes", type=float, default=None, metavar="GIB",
-                   help="bytes streamed per read-bandwidth pass, GiB (default 1, quick 0.25)")
+                   help="bytes streamed per read-bandwidth pass, GiB; one buffer per thread "
+                        "count is held for the whole run (default: max(4 x L3, 256 MiB))")
     g.add_argument("--quick", action="store_true",
                    help="smoke run: qwen3-30b-a3b only (unless --models), tokens 1,4,16, "
                         "dtypes f32,bf16, max threads, 5 repeats")
@@ -126,8 +140,11 @@ class Point:
     min_ms: float
     times_ms: list = field(default_factory=list)
     gbs: float = 0.0
-    pct_bw: float | None = None
-    roof_gbs: float | None = None  # min(read bandwidth, FMA peak x bytes per weight / n)
+    probe_gbs: float | None = None  # median of the read-probe passes taken after each timed run
+    probe_passes_gbs: list = field(default_factory=list)
+    pct_bw: float | None = None  # of probe_gbs
+    pct_bw_max_probe: float | None = None  # of the max of the probes before/after all points
+    roof_gbs: float | None = None  # min(probe_gbs, FMA peak x bytes per weight / n)
     pct_roof: float | None = None
     speedup_vs_cpu_same: float | None = None
     speedup_vs_cpu_f32: float | None = None
@@ -164,8 +181,13 @@ def _plan_experts(shape, override: int, dtype_itemsize_min: int, l3: int, multip
 # --------------------------------------------------------------------- timing
 
 
-def _time_point(sess, cfg, plan, xs, repeats: int, warmup: int):
-    """Median/min ms over ``repeats`` runs, rotating the active experts."""
+def _time_point(sess, cfg, plan, xs, repeats: int, warmup: int, between=None):
+    """Times of ``repeats`` runs, rotating the active experts, and the first
+    step's output. ``between()`` (a read-probe pass) runs after each timed
+    run; then one untimed rotation of the steps ending with the one just
+    timed (common.rewarm, >= 5 ms), so the next timed run starts as
+    back-to-back runs do (ORT's pool threads awake, the caches holding the
+    previous steps rather than the probe's buffer, its own experts cold)."""
     from ..models import MoERunner
 
     runners = []
@@ -181,6 +203,10 @@ def _time_point(sess, cfg, plan, xs, repeats: int, warmup: int):
         t0 = time.perf_counter()
         r.run()
         times.append((time.perf_counter() - t0) * 1e3)
+        if between is not None:
+            between()
+            n = len(runners)
+            rewarm([runners[(i + j) % n].run for j in range(1, n + 1)])
     first_out = runners[0]
     first_out.run()
     return times, np.array(first_out.output, copy=True)
@@ -209,7 +235,6 @@ def run(args) -> int:
     threads = args.threads or ([min(2, cores)] if quick else
                                [t for t in DEFAULT_THREADS if t <= cores] or [1])
     repeats = args.repeats or (5 if quick else 10)
-    bw_bytes = int((args.bw_bytes or (0.25 if quick else 1.0)) * 2 ** 30)
     run_hina = not args.no_hinamoe
     run_cpu = not args.no_cpu_ep
     if not (run_hina or run_cpu):
@@ -233,7 +258,8 @@ def run(args) -> int:
             return 1
 
     l3 = l3_bytes()
-    probes = MachineProbes(threads, bw_bytes, quick)
+    probes = MachineProbes(threads, probe_bytes(args.bw_bytes, l3), quick,
+                           interleave=not args.no_probe_between)
     print(f"machine: {cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
           f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa}"
           + (f", numa=fake:{args.numa_sim}" if args.numa_sim else "") + ")")
@@ -312,7 +338,9 @@ def run(args) -> int:
                             plan = RoutingPlan(experts, shape.k, n, active,
                                                dtype=np_dtype(cfg.dtype))
                             warm = args.warmup if args.warmup is not None else max(2, plan.period)
-                            times, out = _time_point(sess, cfg, plan, xs_by_n[n], repeats, warm)
+                            between = probes.between(thr)
+                            times, out = _time_point(sess, cfg, plan, xs_by_n[n], repeats, warm,
+                                                     between)
                             med = statistics.median(times)
                             touched = active * cfg.expert_weight_bytes()
                             pt = Point(model=shape.name, dtype=d, ep=ep, threads=thr,
@@ -321,6 +349,7 @@ def run(args) -> int:
                                        bytes_touched=touched, median_ms=med,
                                        min_ms=min(times), times_ms=[round(t, 4) for t in times],
                                        gbs=touched / (med * 1e-3) / 1e9)
+                            probes.record(pt, between)
                             key = (n, thr)
                             o64 = out.astype(np.float64)
                             if key in ref_out:
@@ -357,6 +386,8 @@ def run(args) -> int:
     from .report import print_table, plot_latency
 
     print(probes.describe("max of the probes before/after"))
+    if probes.interleave:
+        print(probes.describe_interleaved(points))
     print_table(points)
     elapsed = time.time() - t_start
     print(f"({len(points)} points in {elapsed:.0f} s)")

@@ -4,6 +4,7 @@ at the attention shapes of real models."""
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -16,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from .common import MachineProbes, cpu_name, csv, hinamoe_tier, l3_bytes, make_session
+from .common import (MachineProbes, cpu_name, csv, hinamoe_tier, l3_bytes, make_session, probe_bytes,
+                     rewarm)
 
 NAME = "gqa"
 HELP = "time one GroupQueryAttention decode step at real attention shapes (HinaMoE vs ORT CPU EP)"
@@ -33,16 +35,26 @@ the same cache buffers and inputs. When one layer's cache is smaller than a
 few times the L3 cache, several independent caches ("layers") are cycled so
 K/V stream from DRAM as in a multi-layer decode.
 
-Reported per point: median latency (after warm-up), effective bandwidth =
-K and V bytes read (2 * B * kv_heads * context * head_dim * element size) / time, that
-bandwidth as a % of the read bandwidth measured by
-hinamoe.measure_read_bandwidth(threads) in the same run (probed before and
-after; the larger value is used), as a % of the roofline min(read bandwidth,
-FMA peak x element size / G) -- each K and V element meets the G query heads
-of its KV head once, 2*G FMAs per K+V element pair (softmax exps not
-counted), so with G = 8 float16 K/V the FMA rate, not the memory, bounds
-it -- and the speed-up over the CPU EP. The
-max relative difference between the two EPs' outputs is shown as a check.
+Reported per point: median latency (after warm-up); effective bandwidth
+(GB/s) = K and V bytes read (2 * B * kv_heads * context * head_dim * element
+size) / time; %BW = that bandwidth as a % of the point's own read bandwidth
+(probe_gbs): after each timed run, outside the timed interval, one pass of a
+persistent hinamoe.ReadProbe of max(4 x L3, 256 MiB) (or --bw-bytes),
+started once ORT's pool threads stopped spinning and followed by one untimed
+rotation of the point's steps (>= 5 ms) that ends with the step just timed;
+probe_gbs is the median of these passes, so a point timed in a slow minute
+of this shared machine is compared with the bandwidth of that minute (the
+CPU EP's points get their own passes). %roof = the bandwidth as a % of the
+roofline min(probe_gbs, FMA peak x element size / G) -- each K and V element
+meets the G query heads of its KV head once, 2*G FMAs per K+V element pair
+(softmax exps not counted), so with G = 8 float16 K/V the FMA rate
+(hinamoe.measure_fma_peak(threads), probed before and after the points, the
+larger value used), not the memory, bounds it. %BWmax (HinaMoE's in the
+table; JSON: pct_bw_max_probe for both EPs) is the older comparison, against
+the larger of the read bandwidths probed before and after all points.
+--no-probe-between times the runs back to back without probe passes and
+compares with that larger value. Then the speed-up over the CPU EP, and the
+max relative difference between the two EPs' outputs as a check.
 
 Examples:
   hina-bench gqa                                   # all shapes, contexts, batches, 1 and 2 threads
@@ -89,8 +101,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cycle enough layers' caches to cover X times the L3 cache (default 4)")
     g.add_argument("--max-layers", type=int, default=16,
                    help="at most this many caches are cycled (default 16)")
+    g.add_argument("--no-probe-between", action="store_true",
+                   help="no read-probe pass after each timed run (timed runs back to back, as "
+                        "before the interleaved probe); %%BW is then against the max of the "
+                        "probes before/after all points, like %%BWmax")
     g.add_argument("--bw-bytes", type=float, default=None, metavar="GIB",
-                   help="bytes streamed per read-bandwidth pass, GiB (default 1, quick 0.25)")
+                   help="bytes streamed per read-bandwidth pass, GiB; one buffer per thread "
+                        "count is held for the whole run (default: max(4 x L3, 256 MiB))")
     g.add_argument("--quick", action="store_true",
                    help="smoke run: qwen3-30b-a3b (unless --shapes), contexts 512,2048,8192, "
                         "batch 1, max threads (<= 2), 5 repeats")
@@ -117,8 +134,11 @@ class GqaPoint:
     min_ms: float
     times_ms: list = field(default_factory=list)
     gbs: float = 0.0
-    pct_bw: float | None = None
-    roof_gbs: float | None = None  # min(read bandwidth, FMA peak x element size / G)
+    probe_gbs: float | None = None  # median of the read-probe passes taken after each timed run
+    probe_passes_gbs: list = field(default_factory=list)
+    pct_bw: float | None = None  # of probe_gbs
+    pct_bw_max_probe: float | None = None  # of the max of the probes before/after all points
+    roof_gbs: float | None = None  # min(probe_gbs, FMA peak x element size / G)
     pct_roof: float | None = None
     speedup_vs_cpu: float | None = None
     max_rel_diff_vs_cpu: float | None = None
@@ -158,7 +178,13 @@ class _Layer:
         return io
 
 
-def _time(sess, layers, repeats: int, warmup: int):
+def _time(sess, layers, repeats: int, warmup: int, between=None):
+    """Times of ``repeats`` steps cycling the layers, and layer 0's output.
+    ``between()`` (a read-probe pass) runs after each timed step; then one
+    untimed pass over the layers ending with the one just timed
+    (common.rewarm, >= 5 ms), so the next timed step starts as back-to-back
+    steps do (ORT's pool threads awake, the caches holding the previous
+    layers rather than the probe's buffer, its own layer cold)."""
     bindings = [layer.bind(sess) for layer in layers]
     for i in range(warmup):
         sess.run_with_iobinding(bindings[i % len(bindings)])
@@ -168,6 +194,10 @@ def _time(sess, layers, repeats: int, warmup: int):
         t0 = time.perf_counter()
         sess.run_with_iobinding(io)
         times.append((time.perf_counter() - t0) * 1e3)
+        if between is not None:
+            between()
+            n = len(bindings)
+            rewarm([functools.partial(sess.run_with_iobinding, bindings[(i + j) % n]) for j in range(1, n + 1)])
     sess.run_with_iobinding(bindings[0])
     return times, layers[0].out.astype(np.float64)
 
@@ -202,7 +232,6 @@ def run(args) -> int:
     threads = args.threads or ([min(2, cores)] if quick else
                                [t for t in DEFAULT_THREADS if t <= cores] or [1])
     repeats = args.repeats or (5 if quick else 10)
-    bw_bytes = int((args.bw_bytes or (0.25 if quick else 1.0)) * 2 ** 30)
     run_hina, run_cpu = not args.no_hinamoe, not args.no_cpu_ep
     if not (run_hina or run_cpu):
         print("nothing to run (--no-hinamoe and --no-cpu-ep)", file=sys.stderr)
@@ -224,7 +253,8 @@ def run(args) -> int:
             return 1
 
     l3 = l3_bytes()
-    probes = MachineProbes(threads, bw_bytes, quick)
+    probes = MachineProbes(threads, probe_bytes(args.bw_bytes, l3), quick,
+                           interleave=not args.no_probe_between)
     print(f"machine: {cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
           f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa})")
     print(probes.describe("before"))
@@ -263,13 +293,15 @@ def run(args) -> int:
                         for ep in eps_for(dt):
                             if bar:
                                 bar.set_postfix_str(f"{name} {dt} B={batch} ctx={context} {ep} {thr}thr")
-                            times, out = _time(sessions[(ep, thr)], layers, repeats, warm)
+                            between = probes.between(thr)
+                            times, out = _time(sessions[(ep, thr)], layers, repeats, warm, between)
                             med = statistics.median(times)
                             kv = shape.kv_bytes(batch, context, itemsize)
                             points.append(GqaPoint(
                                 shape=name, ep=ep, dtype=dt, threads=thr, batch=batch, context=context,
                                 layers=n_layers, kv_bytes=kv, median_ms=med, min_ms=min(times),
                                 times_ms=[round(t, 4) for t in times], gbs=kv / (med * 1e-3) / 1e9))
+                            probes.record(points[-1], between)
                             outs[ep] = (points[-1], out)
                             if bar:
                                 bar.update(1)
@@ -295,6 +327,8 @@ def run(args) -> int:
     from .report import plot_gqa_latency, print_gqa_table
 
     print(probes.describe("max of the probes before/after"))
+    if probes.interleave:
+        print(probes.describe_interleaved(points))
     print_gqa_table(points)
     elapsed = time.time() - t_start
     print(f"({len(points)} points in {elapsed:.0f} s)")

@@ -9,10 +9,18 @@ def _fmt(v, spec, empty="-"):
     return empty if v is None else format(v, spec)
 
 
+def _bw_note(points) -> str:
+    """What %BW is compared with: the points' own interleaved probes, or
+    (--no-probe-between) the max of the probes before/after all points."""
+    if any(getattr(p, "probe_gbs", None) for p in points):
+        return "%BW = of the point's own read bandwidth (median of one probe pass after each timed run)"
+    return "%BW = of the max of the read-bandwidth probes before/after all points (--no-probe-between)"
+
+
 def print_table(points) -> None:
     """One row per point, grouped by model; speed-ups are CPU EP time / HinaMoE time."""
     head = (f"{'model':<16}{'dtype':>6}{'EP':>8}{'thr':>4}{'n/exp':>6}{'T':>4}"
-            f"{'ms':>10}{'GB/s':>8}{'%BW':>6}{'%roof':>6}{'x CPU':>7}{'x CPUf32':>9}{'diff':>9}")
+            f"{'ms':>10}{'GB/s':>8}{'%BW':>6}{'%BWmax':>7}{'%roof':>6}{'x CPU':>7}{'x CPUf32':>9}{'diff':>9}")
     print()
     print(head)
     print("-" * len(head))
@@ -27,14 +35,15 @@ def print_table(points) -> None:
         last = group
         print(f"{p.model:<16}{p.dtype:>6}{p.ep:>8}{p.threads:>4}{p.tokens_per_expert:>6}"
               f"{p.tokens:>4}{p.median_ms:>10.3f}{p.gbs:>8.1f}{_fmt(p.pct_bw, '.0f'):>6}"
-              f"{_fmt(p.pct_roof, '.0f'):>6}"
+              f"{_fmt(p.pct_bw_max_probe, '.0f'):>7}{_fmt(p.pct_roof, '.0f'):>6}"
               f"{_fmt(p.speedup_vs_cpu_same, '.2f'):>7}{_fmt(p.speedup_vs_cpu_f32, '.2f'):>9}"
               f"{_fmt(p.max_rel_diff_vs_cpu, '.1e'):>9}")
     print()
     print("n/exp = tokens per active expert; T = tokens; GB/s = weight bytes touched (model "
-          "dtype) / median time;\n%BW = of the measured read bandwidth; %roof = of min(read bandwidth, "
-          "FMA peak x bytes per weight / n/exp); x CPU = speed-up over "
-          "ORT's CPU EP on the same dtype, x CPUf32 = over the CPU EP's f32 model;\n"
+          "dtype) / median time;\n" + _bw_note(points) + ";\n"
+          "%BWmax = of the max of the read-bandwidth probes before/after all points;\n"
+          "%roof = of min(the read bandwidth %BW uses, FMA peak x bytes per weight / n/exp);\n"
+          "x CPU = speed-up over ORT's CPU EP on the same dtype, x CPUf32 = over the CPU EP's f32 model;\n"
           "diff = max |HinaMoE - CPU EP| / max |CPU EP| on the same inputs.")
 
 
@@ -96,7 +105,7 @@ def print_gqa_table(points) -> None:
     for p in points:
         by_key.setdefault((p.shape, p.dtype, p.batch, p.threads, p.context), {})[p.ep] = p
     head = (f"{'shape':<16}{'dtype':>6}{'B':>3}{'thr':>4}{'context':>8}{'HinaMoE ms':>12}{'GB/s':>7}{'%BW':>6}"
-            f"{'%roof':>6}{'CPU EP ms':>11}{'GB/s':>7}{'%BW':>6}{'x CPU':>7}{'diff':>9}")
+            f"{'%BWmax':>7}{'%roof':>6}{'CPU EP ms':>11}{'GB/s':>7}{'%BW':>6}{'x CPU':>7}{'diff':>9}")
     print()
     print(head)
     print("-" * len(head))
@@ -111,14 +120,15 @@ def print_gqa_table(points) -> None:
             cols += (f"{_fmt(p and p.median_ms, '.3f'):>{w}}{_fmt(p and p.gbs, '.1f'):>7}"
                      f"{_fmt(p and p.pct_bw, '.0f'):>6}")
             if p is h:
-                cols += f"{_fmt(h and h.pct_roof, '.0f'):>6}"
+                cols += f"{_fmt(h and h.pct_bw_max_probe, '.0f'):>7}{_fmt(h and h.pct_roof, '.0f'):>6}"
         cols += (f"{_fmt(h and h.speedup_vs_cpu, '.2f'):>7}"
                  f"{_fmt(h and h.max_rel_diff_vs_cpu, '.1e'):>9}")
         print(cols)
     print()
-    print("GB/s = K+V bytes read per decode step / median time; %BW = of the measured read "
-          "bandwidth;\n%roof = of min(read bandwidth, FMA peak x element size / G);\nx CPU = speed-up over ORT's CPU EP on the same node; diff = max |HinaMoE - "
-          "CPU EP| / max |CPU EP|.")
+    print("GB/s = K+V bytes read per decode step / median time;\n" + _bw_note(points) + ";\n"
+          "%BWmax = HinaMoE's, of the max of the read-bandwidth probes before/after all points;\n"
+          "%roof = of min(the read bandwidth %BW uses, FMA peak x element size / G);\n"
+          "x CPU = speed-up over ORT's CPU EP on the same node; diff = max |HinaMoE - CPU EP| / max |CPU EP|.")
 
 
 def plot_gqa_latency(points, path, meta=None) -> Path:
