@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import onnx
 import pytest
@@ -147,6 +149,27 @@ def test_optimum_cli_lists_export_hina():
     assert "hina" in res.stdout and "onnx" in res.stdout
     res = _optimum_cli("export", "hina", "--help")
     assert res.returncode == 0 and "--no-fuse" in res.stdout, res.stderr
+
+
+def test_optimum_cli_namespace_listed_twice(tmp_path):
+    """A second site directory holding the same registration file (a venv
+    over a site-packages that also has hinamoe): `export hina` registers once
+    and optimum-cli keeps working."""
+    import optimum.commands.register as reg
+
+    src = next(Path(p) / "register_hina.py" for p in reg.__path__ if (Path(p) / "register_hina.py").exists())
+    second = tmp_path / "optimum" / "commands" / "register"
+    second.mkdir(parents=True)
+    shutil.copy(src, second / "register_hina.py")
+    env = dict(os.environ, PYTHONWARNINGS="ignore",
+               PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-c", "import optimum.commands.register as r; print(len(r.__path__))"],
+                         capture_output=True, text=True, env=env)
+    assert res.returncode == 0 and int(res.stdout) >= 2, res.stderr  # the namespace spans both directories
+    res = subprocess.run([sys.executable, "-m", "optimum.commands.optimum_cli", "export", "--help"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("hina") >= 1 and "onnx" in res.stdout
 
 
 def test_optimum_cli_export_hina_error(tmp_path):
