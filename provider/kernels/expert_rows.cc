@@ -100,10 +100,12 @@ std::vector<float> expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at
   const int64_t R = routes.count();
   const int64_t* begin = routes.expert_begin.data();
 
-  // xs: gathered inputs [R, ldx], reused as the per-route down outputs [R, H]
-  // after phase 1; act: activations [R, lda].
+  // xs: gathered inputs [R, ldx]; act: activations [R, lda]; y: the
+  // per-route down outputs [R, H]. y is its own buffer: with gate/up and down
+  // in one pass, an expert's down items write while other experts' gate/up
+  // items still read their inputs.
   const int64_t ldx = padded_ld(H), lda = padded_ld(I);
-  std::vector<float> xs(size_t(R * ldx)), h1(size_t(R * N1)), act(size_t(R * lda));
+  std::vector<float> xs(size_t(R * ldx)), h1(size_t(R * N1)), act(size_t(R * lda)), y(size_t(R * H));
 
   // Gather each expert's tokens (grouped order) as float rows.
   {
@@ -228,8 +230,8 @@ std::vector<float> expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at
     });
   }
 
-  // Phase 2: down GEMM + fc2 bias -> per-route rows (into xs).
-  float* yr = xs.data();
+  // Phase 2: down GEMM + fc2 bias -> per-route rows y.
+  float* yr = y.data();
   {
     const std::vector<Item> items = make_items(routes, E, H, par.threads);
     const char* fc2 = static_cast<const char*>(t.fc2_w);
@@ -272,7 +274,7 @@ std::vector<float> expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at
     }
   }
 
-  return xs;
+  return y;
 }
 
 }  // namespace detail
