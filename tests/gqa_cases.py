@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from gqa_reference import gqa_reference
-from hinamoe.models import GQAConfig, KVCache, prompt_step, random_step, run_gqa, run_gqa_shared
+from hinamoe.models import GQAConfig, KVCache, build_gqa_model, prompt_step, random_step, run_gqa, run_gqa_shared
 
 # (atol, rtol) against the float64 reference. float32: dot products over
 # d <= 128 and sums over up to a few thousand keys leave errors of a few
@@ -152,3 +152,17 @@ def run_separate(sess, cfg: GQAConfig, rng: np.random.Generator, past_lens, new_
         out_o, _, _ = run_gqa(other, cfg, step, past)
         check_close(out, out_o, what + " output vs other EP", valid, cfg.dtype)
     return out
+
+
+def run_groups_and_head_dims(make_session, rng: np.random.Generator, what: str, dtype: str = "float32") -> None:
+    """Every G in GROUPS and d in HEAD_DIMS: decode on a ragged batch with odd
+    lengths (``make_session(model)`` gives the session to test)."""
+    for g in GROUPS:
+        for d in HEAD_DIMS:
+            nkv = int(rng.integers(1, 3))
+            cfg = GQAConfig(num_heads=g * nkv, kv_num_heads=nkv, head_dim=d, dtype=dtype,
+                            do_rotary=bool(rng.integers(2)))
+            hs = make_session(build_gqa_model(cfg))
+            lens = [int(x) | 1 for x in rng.integers(1, 200, size=3)]
+            run_sequence(hs, cfg, rng, lens, decode_steps=2, capacity=max(lens) + 3,
+                         what=f"{what} [{cfg.describe()}]", prefill="random")

@@ -10,11 +10,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import hina_session, require_isa
-from gqa_cases import FEATURES, GROUPS, HEAD_DIMS, random_config, run_separate, run_sequence
+from gqa_cases import FEATURES, random_config, run_groups_and_head_dims, run_separate, run_sequence
 from hinamoe.models import GQAConfig, build_gqa_model
 
-# amx-emu: the AMX tile kernel on the emulator; avx2 has no bf16 chunk and
-# runs the reference loop for bf16 K/V.
+# amx-emu: the AMX tile kernel on the emulator; avx2 widens bf16 K/V on load.
 ISAS = ["ref", "avx2", "amx-emu"]
 
 
@@ -43,15 +42,8 @@ def test_long_decode(isa, rng, seed):
 def test_groups_and_head_dims(isa, rng, seed):
     """Every G and d, decode on a ragged batch with odd lengths."""
     require_isa(isa)
-    for g in GROUPS:
-        for d in HEAD_DIMS:
-            nkv = int(rng.integers(1, 3))
-            cfg = GQAConfig(num_heads=g * nkv, kv_num_heads=nkv, head_dim=d, dtype="bfloat16",
-                            do_rotary=bool(rng.integers(2)))
-            hs = hina_session(build_gqa_model(cfg), isa=isa, threads=2)
-            lens = [int(x) | 1 for x in rng.integers(1, 200, size=3)]
-            run_sequence(hs, cfg, rng, lens, decode_steps=2, capacity=max(lens) + 3,
-                         what=f"bf16 isa={isa} seed {seed} [{cfg.describe()}]", prefill="random")
+    run_groups_and_head_dims(lambda m: hina_session(m, isa=isa, threads=2), rng,
+                             f"bf16 isa={isa} seed {seed}", dtype="bfloat16")
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -7,11 +7,10 @@ CPU EP fallback, so every result comes from HinaMoE. float32 and float16."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from conftest import available_isas, cpu_session, hina_session, require_isa
-from gqa_cases import (FEATURES, GROUPS, HEAD_DIMS, check_close, random_config, run_separate,
+from gqa_cases import (FEATURES, check_close, random_config, run_groups_and_head_dims, run_separate,
                        run_sequence)
 from gqa_reference import gqa_reference
 from hinamoe.models import GQAConfig, build_gqa_model, prompt_step, run_gqa
@@ -61,15 +60,8 @@ def test_every_isa_name(isa, rng, seed):
 def test_groups_and_head_dims(isa, rng, seed):
     """Every G and d, decode on a ragged batch with odd lengths."""
     require_isa(isa)
-    for g in GROUPS:
-        for d in HEAD_DIMS:
-            nkv = int(rng.integers(1, 3))
-            cfg = GQAConfig(num_heads=g * nkv, kv_num_heads=nkv, head_dim=d,
-                            do_rotary=bool(rng.integers(2)))
-            hs = hina_session(build_gqa_model(cfg), isa=isa, threads=2)
-            lens = [int(x) | 1 for x in rng.integers(1, 200, size=3)]
-            run_sequence(hs, cfg, rng, lens, decode_steps=2, capacity=max(lens) + 3,
-                         what=f"isa={isa} seed {seed} [{cfg.describe()}]", prefill="random")
+    run_groups_and_head_dims(lambda m: hina_session(m, isa=isa, threads=2), rng,
+                             f"isa={isa} seed {seed}")
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -38,6 +38,19 @@ struct ChunkCase {
 uint16_t bf16_bits(double v) { return ht::bf16_exact(v); }
 double bf16_val(uint16_t h) { return double(ht::bitsf(uint32_t(h) << 16)); }
 
+// K and V rows [k0, k1): random values on the bf16 grid (K at scale 1, V at
+// v_scale); every other cache row NaN, so a read outside the chunk shows.
+void fill_kv(ChunkCase& c, double v_scale) {
+  const uint16_t nan = 0x7fc0;
+  c.k.assign(size_t(c.cap * c.stride), nan);
+  c.v = c.k;
+  for (int64_t j = c.k0; j < c.k1; ++j)
+    for (int64_t e = 0; e < c.d; ++e) {
+      c.k[size_t(j * c.stride + e)] = bf16_bits(ht::grid_value(2, 1));
+      c.v[size_t(j * c.stride + e)] = bf16_bits(ht::grid_value(2, v_scale));
+    }
+}
+
 ChunkCase random_case() {
   ChunkCase c;
   const int64_t Gs[] = {1, 2, 4, 8}, ds[] = {64, 80, 128, 40, 88};
@@ -52,14 +65,7 @@ ChunkCase random_case() {
   if (ht::randint(0, 3) == 0) c.softcap = float(ht::uniform(0.5, 8));
   c.bias = ht::randint(0, 2) == 0;
   c.carry_state = ht::randint(0, 1) != 0;
-  const uint16_t nan = 0x7fc0;
-  c.k.assign(size_t(c.cap * c.stride), nan);
-  c.v = c.k;
-  for (int64_t j = c.k0; j < c.k1; ++j)
-    for (int64_t e = 0; e < c.d; ++e) {
-      c.k[size_t(j * c.stride + e)] = bf16_bits(ht::grid_value(2, 1));
-      c.v[size_t(j * c.stride + e)] = bf16_bits(ht::grid_value(2, 2));
-    }
+  fill_kv(c, 2);
   // Q as the driver hands it: float, scaled (not on the bf16 grid).
   c.q.resize(size_t(c.rows * c.d));
   const double scale = ht::uniform(0.05, 0.5);
@@ -224,14 +230,7 @@ TEST(gqa_amx_chunk_edges) {
       c.cap = len + 5;
       c.k0 = 3;
       c.k1 = 3 + len;
-      const uint16_t nan = 0x7fc0;
-      c.k.assign(size_t(c.cap * c.stride), nan);
-      c.v = c.k;
-      for (int64_t j = c.k0; j < c.k1; ++j)
-        for (int64_t e = 0; e < c.d; ++e) {
-          c.k[size_t(j * c.stride + e)] = bf16_bits(ht::grid_value(2, 1));
-          c.v[size_t(j * c.stride + e)] = bf16_bits(ht::grid_value(2, 1));
-        }
+      fill_kv(c, 1);
       c.q.resize(size_t(rows * c.d));
       for (auto& x : c.q) x = float(ht::uniform(-0.5, 0.5));
       c.lo.assign(size_t(rows), 0);
