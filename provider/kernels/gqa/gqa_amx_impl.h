@@ -30,6 +30,7 @@
 #include "../amx/tile_ops.h"
 #include "../dtype.h"
 #include "gqa.h"
+#include "gqa_amx_steps.h"
 
 namespace hinamoe {
 namespace gqa_amx {
@@ -52,10 +53,11 @@ constexpr int kAlo = 7;    // P lo
 struct Scratch {
   std::vector<uint16_t> qhi, qlo;  // [dp/2][16][2] VNNI Q^T of one row block
   std::vector<uint16_t> ktail;     // [16][d] the last partial key tile
+  std::vector<uint16_t> zrow;      // [d] zeros: the partner of an odd last key
   std::vector<uint16_t> vv;        // [keys_pad/2][dv][2] VNNI V of the chunk
   std::vector<uint16_t> phi, plo;  // [16][keys_pad] P of one row block
   std::vector<float> out;          // [16][dv] accumulators of one row block
-  alignas(64) float st[kKeyTile * kRowBlock];
+  std::vector<float> st;           // [keys_pad16][16] scores^T of the chunk (rows in lanes)
 };
 // Defined out of line in gqa_amx_emu.cc: an inline definition here would be
 // compiled with and without the AMX target (DESIGN.md §5).
@@ -70,18 +72,20 @@ void chunk_bf16(Ops& ops, const GqaChunkArgs& a) {
   const int64_t dp = dfull + (dtail ? kPairK : 0);               // Q^T rows padded to whole pairs
   const int64_t dv = (d + 15) / 16 * 16;                         // output columns padded to tiles
   const int64_t kpad = (nk + kPairK - 1) / kPairK * kPairK;      // keys padded for P.V
+  const int64_t nk16 = (nk + kKeyTile - 1) / kKeyTile * kKeyTile;
   const uint16_t* K = static_cast<const uint16_t*>(a.k);
   const uint16_t* V = static_cast<const uint16_t*>(a.v);
   const int64_t kvs = a.kv_stride;
   Scratch& s = scratch();
 
-  // V of the whole chunk as VNNI pairs of consecutive keys: element (key j,
-  // dim c) at ((j/2)*dv + c)*2 + j%2; padded keys and dims are zero.
-  s.vv.assign(size_t(kpad * dv), 0);
-  for (int64_t j = 0; j < nk; ++j) {
-    const uint16_t* vr = V + (k0 + j) * kvs;
-    uint16_t* dst = s.vv.data() + (j / 2) * dv * 2 + (j & 1);
-    for (int64_t c = 0; c < d; ++c) dst[2 * c] = vr[c];
+  // V of the whole chunk as VNNI pairs of consecutive keys (padded keys and
+  // dims zero).
+  s.vv.resize(size_t(kpad * dv));
+  s.zrow.assign(size_t(d), 0);
+  for (int64_t j = 0; j < kpad; j += 2) {
+    const uint16_t* v0 = j < nk ? V + (k0 + j) * kvs : s.zrow.data();
+    const uint16_t* v1 = j + 1 < nk ? V + (k0 + j + 1) * kvs : s.zrow.data();
+    interleave_pair(v0, v1, d, dv, s.vv.data() + j * dv);
   }
   // The last partial key tile of K, zero-padded (full tiles load in place).
   const int64_t nk_full = nk / kKeyTile * kKeyTile;
@@ -109,27 +113,26 @@ void chunk_bf16(Ops& ops, const GqaChunkArgs& a) {
   s.phi.resize(size_t(kRowBlock * kpad));
   s.plo.resize(size_t(kRowBlock * kpad));
   s.out.resize(size_t(kRowBlock * dv));
-  float* sc = a.scratch;  // [16 rows][nk] scores of one row block
+  s.st.resize(size_t(nk16 * kRowBlock));
+
+  // Is every key of the chunk visible to every row, with no softcap or bias?
+  bool plain = a.softcap <= 0.0f && !a.bias;
+  for (int64_t r = 0; r < a.rows && plain; ++r) plain = a.lo[r] <= k0 && a.hi[r] >= a.k1;
 
   for (int64_t r0 = 0; r0 < a.rows; r0 += kRowBlock) {
     const int64_t nr = std::min<int64_t>(kRowBlock, a.rows - r0);
-    // Q^T in VNNI, hi and lo parts: (dim c, row n) at (c/2)*32 + 2n + c%2.
-    std::fill(s.qhi.begin(), s.qhi.end(), uint16_t(0));
-    std::fill(s.qlo.begin(), s.qlo.end(), uint16_t(0));
-    for (int64_t n = 0; n < nr; ++n) {
-      const float* q = a.q + (r0 + n) * d;
-      for (int64_t c = 0; c < d; ++c) {
-        const uint16_t hi = f32_to_bf16(q[c]);
-        const size_t i = size_t((c / 2) * 32 + 2 * n + (c & 1));
-        s.qhi[i] = hi;
-        s.qlo[i] = f32_to_bf16(q[c] - bf16_to_f32(hi));
-      }
+    // Q^T in VNNI, hi and lo parts; the columns of missing rows stay 0.
+    if (nr < kRowBlock) {
+      std::fill(s.qhi.begin(), s.qhi.end(), uint16_t(0));
+      std::fill(s.qlo.begin(), s.qlo.end(), uint16_t(0));
     }
+    for (int64_t n = 0; n < nr; ++n) q_to_vnni(a.q + (r0 + n) * d, d, n, s.qhi.data(), s.qlo.data());
     ops.staged(s.qhi.data());
     ops.staged(s.qlo.data());
     ops.staged(s.ktail.data());
 
-    // 1. Scores, 16 keys at a time.
+    // 1. Scores^T, 16 keys at a time, stored as they come out of the tile:
+    //    st[key][row], the rows of a key side by side for the softmax.
     for (int64_t j0 = 0; j0 < nk; j0 += kKeyTile) {
       const bool full = j0 < nk_full;
       const uint16_t* kb = full ? K + (k0 + j0) * kvs : s.ktail.data();
@@ -149,49 +152,30 @@ void chunk_bf16(Ops& ops, const GqaChunkArgs& a) {
         ops.template dp_bf16<kC, kAtail, kBhiT>();
         ops.template dp_bf16<kC, kAtail, kBloT>();
       }
-      ops.template store<kC>(s.st, 64);
-      ops.staged(s.st);  // the scalar reads below must see the tile store
-      const int64_t nj = std::min<int64_t>(kKeyTile, nk - j0);
-      for (int64_t n = 0; n < nr; ++n)
-        for (int64_t j = 0; j < nj; ++j) sc[n * nk + j0 + j] = s.st[j * kRowBlock + n];
+      ops.template store<kC>(s.st.data() + j0 * kRowBlock, 64);
     }
+    ops.staged(s.st.data());  // the reads below must see the tile stores
 
-    // 2. Online softmax per row; P rows as bf16 hi + lo, acc rescaled.
-    std::fill(s.phi.begin(), s.phi.end(), uint16_t(0));
-    std::fill(s.plo.begin(), s.plo.end(), uint16_t(0));
-    std::fill(s.out.begin(), s.out.end(), 0.0f);
-    for (int64_t n = 0; n < nr; ++n) {
-      const int64_t r = r0 + n;
-      float* acc = a.acc + r * d;
-      float* orow = s.out.data() + n * dv;
-      for (int64_t c = 0; c < d; ++c) orow[c] = acc[c];
-      const int64_t j0 = std::max(k0, a.lo[r]), j1 = std::min(a.k1, a.hi[r]);
-      if (j0 >= j1) continue;  // P row stays 0: acc unchanged
-      float* x = sc + n * nk;
-      float mx = a.m[r];
-      for (int64_t j = j0; j < j1; ++j) {
-        float v = x[j - k0];
-        if (a.softcap > 0.0f) v = a.softcap * std::tanh(v / a.softcap);
-        if (a.bias) v += a.bias[r][j];
-        x[j - k0] = v;
-        mx = std::max(mx, v);
+    // 2. Softcap, bias and the visible ranges (only where a node has them:
+    //    hidden keys become -inf), then the online softmax, 4 rows at once.
+    if (!plain) {
+      for (int64_t n = 0; n < nr; ++n) {
+        const int64_t r = r0 + n;
+        for (int64_t j = 0; j < nk; ++j) {
+          float& x = s.st[size_t(j * kRowBlock + n)];
+          if (k0 + j < a.lo[r] || k0 + j >= a.hi[r]) {
+            x = kNegInf;
+            continue;
+          }
+          if (a.softcap > 0.0f) x = a.softcap * std::tanh(x / a.softcap);
+          if (a.bias) x += a.bias[r][k0 + j];
+        }
       }
-      if (mx == kNegInf) continue;  // all masked by -inf bias: weight 0
-      const float f = a.m[r] == kNegInf ? 0.0f : std::exp(a.m[r] - mx);
-      float l = a.l[r] * f;
-      for (int64_t c = 0; c < d; ++c) orow[c] *= f;
-      uint16_t* ph = s.phi.data() + n * kpad;
-      uint16_t* pl = s.plo.data() + n * kpad;
-      for (int64_t j = j0; j < j1; ++j) {
-        const float p = std::exp(x[j - k0] - mx);
-        l += p;
-        const uint16_t hi = f32_to_bf16(p);
-        ph[j - k0] = hi;
-        pl[j - k0] = f32_to_bf16(p - bf16_to_f32(hi));
-      }
-      a.m[r] = mx;
-      a.l[r] = l;
     }
+    for (int64_t n0 = 0; n0 < nr; n0 += 4)
+      softmax_rows4(s.st.data() + n0, kRowBlock, nk, std::min<int64_t>(4, nr - n0), a.m + r0 + n0,
+                    a.l + r0 + n0, a.acc + (r0 + n0) * d, d, s.out.data() + n0 * dv, dv,
+                    s.phi.data() + n0 * kpad, s.plo.data() + n0 * kpad, kpad);
     ops.staged(s.phi.data());
     ops.staged(s.plo.data());
     ops.staged(s.vv.data());

@@ -255,6 +255,8 @@ TEST(gqa_amx_tier_selection) {
     const GqaTier* amx = select_gqa_tier("amx", &err);
     CHECK(amx == &gqa_amx_tier());
     CHECK(amx->chunk_bf16 == gqa_chunk_bf16_amx);
+    // auto stays on the avx2 kernels until the tile kernel is measured faster.
+    CHECK(select_gqa_tier("auto", &err) == &gqa_avx2_tier());
   } else {
     CHECK(select_gqa_tier("amx", &err) == nullptr);
   }
