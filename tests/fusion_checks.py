@@ -64,6 +64,48 @@ def moe_node_names(model: ir.Model) -> list[str]:
     return [n.name for n in model.graph if n.op_type == "MoE" and n.domain == "com.microsoft"]
 
 
+MOE_WEIGHTS = ("fc1", "fc1_bias", "fc2", "fc2_bias", "fc3", "fc3_bias")  # MoE inputs 2..7
+
+
+def tap_moe_nodes(path: str) -> tuple[bytes, list[dict]]:
+    """The model at `path` with, for each com.microsoft::MoE node, its tokens,
+    router logits and output added to the graph outputs -- on their float
+    side of the Casts the dtype pass puts around a 16-bit node -- and per
+    node a dict: name, x / logits / out (output names), weights (float64,
+    by moe_reference's names) and attrs (the node's attributes)."""
+    model = onnx.load(path)
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {out: n for n in graph.node for out in n.output}
+    casts_of = {}
+    for n in graph.node:
+        if n.op_type == "Cast":
+            casts_of.setdefault(n.input[0], []).append(n)
+
+    def before_cast(name):
+        n = producer.get(name)
+        return n.input[0] if n is not None and n.op_type == "Cast" else name
+
+    sites = []
+    for node in graph.node:
+        if node.op_type != "MoE" or node.domain != "com.microsoft":
+            continue
+        out = node.output[0]
+        out = casts_of[out][0].output[0] if len(casts_of.get(out, [])) == 1 else out
+        weights = {key: onnx.numpy_helper.to_array(inits[name]).astype(np.float64)
+                   for key, name in zip(MOE_WEIGHTS, node.input[2:8]) if name}
+        attrs = {}
+        for a in node.attribute:
+            value = onnx.helper.get_attribute_value(a)
+            attrs[a.name] = value.decode() if isinstance(value, bytes) else value
+        site = {"name": node.name, "x": before_cast(node.input[0]),
+                "logits": before_cast(node.input[1]), "out": out, "weights": weights, "attrs": attrs}
+        for key in ("x", "logits", "out"):
+            graph.output.append(onnx.helper.make_tensor_value_info(site[key], onnx.TensorProto.FLOAT, None))
+        sites.append(site)
+    return model.SerializeToString(), sites
+
+
 # ------------------------------------------------------------ decoder runs
 
 

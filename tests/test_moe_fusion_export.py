@@ -8,7 +8,8 @@ exported once per session, unfused, shared with the export tests).
   batch of 2, prefill + 3 decode steps, within fp32 tolerance;
 * one MoE node per MoE layer, none of NonZero/ScatterElements/OneHot left;
 * on HinaMoE every MoE node is claimed (profile) and the results match;
-* the bf16 model runs on HinaMoE within bf16 tolerance of the fp32 model;
+* the bf16 model runs on HinaMoE, each MoE node within bf16 tolerance of
+  the float64 reference on the inputs it got;
 * a mutated export (an expert branch removed, an activation changed) is
   left unfused in that layer, with the reason, and still runs as before.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -28,8 +30,9 @@ import pytest
 
 from conftest import cpu_session, hina_session
 from export_reference import left_padded_batch
-from fusion_checks import UNFUSED_MOE_OPS, greedy_steps, moe_node_names, node_providers, op_counts
+from fusion_checks import UNFUSED_MOE_OPS, greedy_steps, moe_node_names, node_providers, op_counts, tap_moe_nodes
 from hinamoe.graph_passes import run_passes
+from moe_reference import check_close, moe_reference
 
 ARCHS = [pytest.param("mixtral", marks=pytest.mark.slow), "qwen2_moe",
          pytest.param("qwen3_moe", marks=pytest.mark.slow),
@@ -40,7 +43,6 @@ DECODE_STEPS = 3
 # comparison; the full pipeline is tested with the export.
 MOE_PASSES = ["moe-fusion", "dtype"]
 FP32_REL = 1e-4  # of the largest |value|: summation order differs in the fused op
-BF16_REL = 5e-2
 
 
 class MoEFused:
@@ -132,20 +134,35 @@ def test_fused_on_hinamoe(arch, tiny_exports, rng, tmp_path):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_bf16_model_on_hinamoe(arch, tiny_exports, rng, tmp_path):
+    """The bf16 model on HinaMoE, prefill + decode: every MoE node claimed, and
+    each node's output, at every layer and step, against the float64
+    reference of that node on the inputs it got in this run (rounded to
+    bf16 as the dtype pass's Casts round them). A comparison of the final
+    logits with another model's would not be stable: bf16 router logits are
+    often tied or one ulp apart, so an ulp of difference upstream picks
+    other experts (it did in ~1 run in 5 against the fp32 model)."""
     path, report = tiny_exports.fused_path(arch, "bf16")
     layers = tiny_exports.config(arch)["num_hidden_layers"]
     assert report.passes[-1].name == "dtype" and report.passes[-1].matched == layers
     names = moe_node_names(ir.load(str(path)))
-    hina = hina_session(str(path), no_fallback=False, cpu_fallback_provider=True,
+    tapped, sites = tap_moe_nodes(str(path))
+    assert sorted(site["name"] for site in sites) == sorted(names)
+    hina = hina_session(tapped, no_fallback=False, cpu_fallback_provider=True,
                         profile_prefix=str(tmp_path / "bf16"))
     ids, mask = _batch(rng, tiny_exports.config(arch))
-    want, tokens = greedy_steps(cpu_session(str(tiny_exports.unfused_path(arch))), ids, mask,
-                                DECODE_STEPS)
     result = {}
     providers = node_providers(hina, lambda: result.setdefault(
-        "steps", greedy_steps(hina, ids, mask, DECODE_STEPS, tokens=tokens)[0]))
+        "steps", greedy_steps(hina, ids, mask, DECODE_STEPS)[0]))
     assert {providers.get(n) for n in names} == {"HinaMoE"}, providers
-    _assert_steps_close(result["steps"], want, BF16_REL)
+    bf16 = lambda a: a.astype(ml_dtypes.bfloat16).astype(np.float64)  # noqa: E731
+    for step, outs in enumerate(result["steps"]):
+        assert np.isfinite(outs["logits"]).all()
+        for site in sites:
+            w = site["weights"]
+            ref = moe_reference(bf16(outs[site["x"]]), bf16(outs[site["logits"]]), w["fc1"], w["fc2"],
+                                w.get("fc1_bias"), w.get("fc2_bias"), w.get("fc3"), w.get("fc3_bias"),
+                                **site["attrs"])
+            check_close(outs[site["out"]], ref, "bfloat16", f"step {step} {site['name']}")
 
 
 @pytest.mark.slow
