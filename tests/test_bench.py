@@ -36,6 +36,21 @@ def test_list_models(capsys):
         assert name in out
 
 
+@pytest.mark.parametrize("sub", ["ffn", "gqa"])
+def test_isa_this_cpu_cannot_run(sub, tmp_path, capsys):
+    """An --isa the CPU lacks (or an unknown one) stops before any model is
+    built, with the reason, not with an ORT traceback per session."""
+    import hinamoe
+
+    bad = ["nope"] + [isa for isa in ("amx", "avx2") if hinamoe.tier_unavailable_reason(isa)]
+    for isa in bad:
+        assert main([sub, "--isa", isa, "--no-progress", "--out", str(tmp_path)]) != 0
+        err = capsys.readouterr().err
+        assert f"--isa {isa}: " in err and hinamoe.tier_unavailable_reason(isa) in err
+        assert "Traceback" not in err
+    assert not (tmp_path / "results.json").exists()
+
+
 def test_tiny_ffn_run(tmp_path, capsys):
     """qwen3-30b-a3b shape with 8 experts, 1 token per expert, one repeat."""
     argv = ["ffn", "--models", "qwen3-30b-a3b:8", "--tokens", "1,2", "--dtypes", "bf16,f32",

@@ -61,19 +61,26 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def hinamoe_tier() -> str | None:
-    """Registers the EP and returns the tier it will use; on failure prints
-    why and returns None."""
+def hinamoe_tier(isa: str = "auto") -> str | None:
+    """Registers the EP and returns the kernel tier `isa` selects on this CPU;
+    if the EP is not usable or the CPU cannot run that tier, prints why and
+    returns None (before any model is built)."""
     try:
         import hinamoe
 
         hinamoe.register()
-        return hinamoe.best_tier()
+        if isa == "auto":
+            return hinamoe.best_tier()
+        why = hinamoe.tier_unavailable_reason(isa)
     except Exception as exc:  # noqa: BLE001
         print(f"hina-bench: the HinaMoE EP is not usable: {exc}\n"
               "  (build/install it, or pass --no-hinamoe to time the CPU EP alone)",
               file=sys.stderr)
         return None
+    if why:
+        print(f"hina-bench: --isa {isa}: {why}", file=sys.stderr)
+        return None
+    return isa
 
 
 def make_session(model, ep: str, threads: int, hina_options: dict):

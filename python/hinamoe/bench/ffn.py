@@ -253,7 +253,7 @@ def run(args) -> int:
 
     tier = None
     if run_hina:
-        tier = hinamoe_tier()
+        tier = hinamoe_tier(args.isa)
         if tier is None:
             return 1
 
