@@ -401,6 +401,7 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
     for (int64_t k0 = a0; k0 < a1; k0 += kPieceKeys) {
       ca.k0 = k0;
       ca.k1 = std::min(a1, k0 + kPieceKeys);
+      ca.same_q = k0 > a0;
       chunk(ca);
     }
     if (splits == 1) {

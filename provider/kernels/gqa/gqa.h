@@ -143,6 +143,10 @@ struct GqaChunkArgs {
   float* l = nullptr;    // [rows]
   float* acc = nullptr;  // [rows, d]
   float* scratch = nullptr;  // >= gqa_chunk_scratch_floats(rows, k1 - k0) floats
+  // True when the previous call on this thread had the same q, rows and d
+  // (the next keys of the same rows): a kernel may reuse what it derived
+  // from q then (the AMX kernel: the query block in its operand layout).
+  bool same_q = false;
 };
 
 using GqaChunkFn = void (*)(const GqaChunkArgs& a);

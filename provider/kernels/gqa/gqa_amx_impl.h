@@ -5,8 +5,9 @@
 // Per block of 16 query rows (G heads x tokens, zero-padded):
 //   1. scores^T [16 keys x 16 rows] = K [16 keys x d] . Q^T. K is the A
 //      operand, loaded straight from the cache rows (stride = kv row
-//      stride); Q^T is the B operand, converted once per call into the VNNI
-//      layout (amx/amx_layout.h). Q is float (scaled, rotated), so it is
+//      stride); Q^T is the B operand, converted into the VNNI layout
+//      (amx/amx_layout.h) once per decode step: the later calls of a work
+//      item (same_q) keep it. Q is float (scaled, rotated), so it is
 //      split into bf16 hi + lo parts and multiplied twice: ~16 mantissa bits
 //      of Q, so the only roundings left are float32 sums (K is exact bf16).
 //      A head-dim tail (d % 32) uses narrower tiles, so nothing past d is read.
@@ -58,6 +59,7 @@ struct Scratch {
   std::vector<uint16_t> phi, plo;  // [16][keys_pad] P of one row block
   std::vector<float> out;          // [16][dv] accumulators of one row block
   std::vector<float> st;           // [keys_pad16][16] scores^T of the chunk (rows in lanes)
+  bool q_kept = false;             // qhi/qlo hold the whole query block of the last call
 };
 // Defined out of line in gqa_amx_emu.cc: an inline definition here would be
 // compiled with and without the AMX target (DESIGN.md §5).
@@ -67,7 +69,11 @@ template <class Ops>
 void chunk_bf16(Ops& ops, const GqaChunkArgs& a) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t d = a.d, k0 = a.k0, nk = a.k1 - a.k0;
-  if (nk <= 0 || a.rows <= 0) return;
+  Scratch& s = scratch();
+  if (nk <= 0 || a.rows <= 0) {
+    s.q_kept = s.q_kept && a.same_q;  // another q: what is kept is stale now
+    return;
+  }
   const int64_t dfull = d / kPairK * kPairK, dtail = d - dfull;  // dtail in {0, 8, 16, 24}
   const int64_t dp = dfull + (dtail ? kPairK : 0);               // Q^T rows padded to whole pairs
   const int64_t dv = (d + 15) / 16 * 16;                         // output columns padded to tiles
@@ -76,7 +82,6 @@ void chunk_bf16(Ops& ops, const GqaChunkArgs& a) {
   const uint16_t* K = static_cast<const uint16_t*>(a.k);
   const uint16_t* V = static_cast<const uint16_t*>(a.v);
   const int64_t kvs = a.kv_stride;
-  Scratch& s = scratch();
 
   // V of the whole chunk as VNNI pairs of consecutive keys (padded keys and
   // dims zero).
@@ -119,14 +124,19 @@ void chunk_bf16(Ops& ops, const GqaChunkArgs& a) {
   bool plain = a.softcap <= 0.0f && !a.bias;
   for (int64_t r = 0; r < a.rows && plain; ++r) plain = a.lo[r] <= k0 && a.hi[r] >= a.k1;
 
+  // Decode has at most 16 query rows per call (G <= 16): their operands are
+  // built on the first call of a step and kept for its next keys.
+  const bool keep_q = a.same_q && s.q_kept && a.rows <= kRowBlock;
+  s.q_kept = a.rows <= kRowBlock;
   for (int64_t r0 = 0; r0 < a.rows; r0 += kRowBlock) {
     const int64_t nr = std::min<int64_t>(kRowBlock, a.rows - r0);
     // Q^T in VNNI, hi and lo parts; the columns of missing rows stay 0.
-    if (nr < kRowBlock) {
+    if (!keep_q && nr < kRowBlock) {
       std::fill(s.qhi.begin(), s.qhi.end(), uint16_t(0));
       std::fill(s.qlo.begin(), s.qlo.end(), uint16_t(0));
     }
-    for (int64_t n = 0; n < nr; ++n) q_to_vnni(a.q + (r0 + n) * d, d, n, s.qhi.data(), s.qlo.data());
+    if (!keep_q)
+      for (int64_t n = 0; n < nr; ++n) q_to_vnni(a.q + (r0 + n) * d, d, n, s.qhi.data(), s.qlo.data());
     ops.staged(s.qhi.data());
     ops.staged(s.qlo.data());
     ops.staged(s.ktail.data());

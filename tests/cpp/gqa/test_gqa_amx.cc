@@ -3,7 +3,8 @@
 // (gqa.h), on the emulator and, where the CPU has AMX, on real tiles.
 // Random G in {1,2,4,8} x tokens (up to 64 query rows), d in {64, 80, 128}
 // and odd sizes (40, 88: head-dim tails), key ranges of any start and length
-// (partial 16-key tiles), a KV row stride wider than d, ragged per-row
+// (partial 16-key tiles), in one call or in pieces that keep the query
+// operands (same_q), a KV row stride wider than d, ragged per-row
 // visible ranges, softcap, bias with -inf masks, and a running softmax state
 // carried in (rescaling). Cache rows outside the chunk and the padding
 // between rows hold NaN, the scratch is NaN-poisoned: reading any of them
@@ -156,7 +157,9 @@ std::string describe(const ChunkCase& c) {
                  double(c.softcap), c.bias, c.carry_state);
 }
 
-void check_chunk(GqaChunkFn fn, const char* name, const ChunkCase& c) {
+// The chunk's keys in `pieces` calls (the later ones with same_q, as the
+// driver makes them for one work item), checked against one reference.
+void check_chunk(GqaChunkFn fn, const char* name, const ChunkCase& c, int pieces = 1) {
   std::vector<float> m = c.m, l = c.l, acc = c.acc;
   std::vector<float> scratch(size_t(gqa_chunk_scratch_floats(c.rows, c.k1 - c.k0)), NAN);
   std::vector<const float*> bias;
@@ -178,7 +181,12 @@ void check_chunk(GqaChunkFn fn, const char* name, const ChunkCase& c) {
   a.l = l.data();
   a.acc = acc.data();
   a.scratch = scratch.data();
-  fn(a);
+  for (int p = 0; p < pieces; ++p) {
+    a.k0 = c.k0 + (c.k1 - c.k0) * p / pieces;
+    a.k1 = c.k0 + (c.k1 - c.k0) * (p + 1) / pieces;
+    fn(a);  // an empty piece too: it must not break what the next one keeps
+    a.same_q = true;
+  }
   const State want = reference(c);
   size_t bad = 0;
   double worst = 0;
@@ -200,7 +208,8 @@ void check_chunk(GqaChunkFn fn, const char* name, const ChunkCase& c) {
       cmp(acc[i], want.acc[i], rel * want.acc_abs[i] + 1e-6);
     }
   }
-  CHECK_MSG(bad == 0, name << " " << describe(c) << ": " << bad << " state values off, worst error " << worst);
+  CHECK_MSG(bad == 0, name << " " << describe(c) << " pieces=" << pieces << ": " << bad
+                            << " state values off, worst error " << worst);
 }
 
 std::vector<std::pair<const char*, GqaChunkFn>> kernels_here() {
@@ -214,7 +223,8 @@ std::vector<std::pair<const char*, GqaChunkFn>> kernels_here() {
 TEST(gqa_amx_chunk_random) {
   for (int iter = 0; iter < 60; ++iter) {
     const ChunkCase c = random_case();
-    for (const auto& k : kernels_here()) check_chunk(k.second, k.first, c);
+    const int pieces = int(ht::randint(1, 3));
+    for (const auto& k : kernels_here()) check_chunk(k.second, k.first, c, pieces);
   }
 }
 
