@@ -141,3 +141,17 @@ def test_python_m_hinamoe_prints_tier():
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert hm.best_tier() in r.stdout, r.stdout
+    # GQA's tier is named where it differs from the MoE tier (auto on AMX).
+    assert ("GQA tier" in r.stdout) == (hm.gqa_tier() != hm.best_tier()), r.stdout
+
+
+def test_gqa_tier():
+    """isa=auto runs GQA on the best tier, except on AMX CPUs (avx2, measured
+    faster there); an explicit tier runs GQA on itself; one this CPU cannot
+    run, or an unknown name, gives ""."""
+    hm = hinamoe
+    want = "avx2" if hm.best_tier() == "amx" else hm.best_tier()
+    assert hm.gqa_tier() == hm.gqa_tier("auto") == want
+    for isa in ("ref", "avx2", "amx", "amx-emu"):
+        assert hm.gqa_tier(isa) == ("" if hm.tier_unavailable_reason(isa) else isa)
+    assert hm.gqa_tier("nope") == ""

@@ -14,6 +14,7 @@
 
 #include "bandwidth.h"
 #include "fma_peak.h"
+#include "gqa/gqa.h"
 #include "moe_ffn.h"
 #include "numa/topology.h"
 #include "thread_pool.h"
@@ -129,6 +130,12 @@ const char* hinamoe_tier_unavailable_reason(const char* name) {
   thread_local std::string why;
   why = tier_unavailable_reason(name ? name : "");
   return why.c_str();
+}
+
+const char* hinamoe_gqa_tier(const char* name) {
+  std::string err;
+  const GqaTier* t = select_gqa_tier(name ? name : "", &err);
+  return t ? t->name : "";
 }
 
 const char* hinamoe_tier_names(void) { return tier_names(); }

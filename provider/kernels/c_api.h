@@ -53,6 +53,11 @@ HINAMOE_API const char* hinamoe_best_tier(void);
  * Thread-local string, valid until the next call on the same thread. */
 HINAMOE_API const char* hinamoe_tier_unavailable_reason(const char* name);
 
+/* The GroupQueryAttention kernel tier that option isa = `name` runs on this
+ * CPU (it can differ from the MoE tier: "auto" on an AMX CPU gives "avx2"),
+ * or "" where `name` cannot run here. Static string. */
+HINAMOE_API const char* hinamoe_gqa_tier(const char* name);
+
 /* Names accepted as `tier` below ("auto, avx2, ref"). Static string. */
 HINAMOE_API const char* hinamoe_tier_names(void);
 

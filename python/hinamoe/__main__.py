@@ -17,6 +17,9 @@ def main() -> int:
     print(f"EP name      {hinamoe.get_ep_name()}")
     best = hinamoe.best_tier()
     print(f"kernel tier  {best}  (what isa=auto uses on this CPU)")
+    gqa = hinamoe.gqa_tier("auto")
+    if gqa != best:
+        print(f"GQA tier     {gqa}  (isa=auto runs GroupQueryAttention on {gqa} here; isa={best} picks {best})")
     notes = {"amx-emu": " (AMX kernels on the software tile emulator: slow, for tests)"}
     for name in ("amx", "avx2", "ref", "amx-emu"):
         why = hinamoe.tier_unavailable_reason(name)

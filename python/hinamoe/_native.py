@@ -30,12 +30,21 @@ def _lib() -> ctypes.CDLL:
     lib.hinamoe_best_tier.restype = ctypes.c_char_p
     lib.hinamoe_tier_unavailable_reason.argtypes = [ctypes.c_char_p]
     lib.hinamoe_tier_unavailable_reason.restype = ctypes.c_char_p
+    lib.hinamoe_gqa_tier.argtypes = [ctypes.c_char_p]
+    lib.hinamoe_gqa_tier.restype = ctypes.c_char_p
     return lib
 
 
 def best_tier() -> str:
     """The kernel tier `isa=auto` picks on this CPU (e.g. "avx2")."""
     return _lib().hinamoe_best_tier().decode()
+
+
+def gqa_tier(isa: str = "auto") -> str:
+    """The GroupQueryAttention kernel tier option `isa` runs on this CPU ("" if
+    it cannot run here). It can differ from the MoE tier: "auto" on an AMX
+    CPU keeps GQA on "avx2", the faster measured there."""
+    return _lib().hinamoe_gqa_tier(isa.encode()).decode()
 
 
 def tier_unavailable_reason(name: str) -> str:
