@@ -46,7 +46,7 @@ HINAMOE_API void hinamoe_read_probe_free(HinamoeReadProbe* probe);
    independent 256-bit FMA chains (the compute roofline); 0 without AVX2/FMA. */
 HINAMOE_API double hinamoe_fma_peak_per_s(int threads);
 
-/* Best tier this CPU runs ("avx2" or "ref"). Static string. */
+/* Best tier this CPU runs ("amx", "avx2" or "ref"). Static string. */
 HINAMOE_API const char* hinamoe_best_tier(void);
 
 /* "" when the tier runs here, else why not (unknown name, missing ISA).
@@ -58,7 +58,7 @@ HINAMOE_API const char* hinamoe_tier_unavailable_reason(const char* name);
  * or "" where `name` cannot run here. Static string. */
 HINAMOE_API const char* hinamoe_gqa_tier(const char* name);
 
-/* Names accepted as `tier` below ("auto, avx2, ref"). Static string. */
+/* Names accepted as `tier` below ("auto, amx, avx2, ref, amx-emu"). Static string. */
 HINAMOE_API const char* hinamoe_tier_names(void);
 
 /* Runs the MoE block (see provider/kernels/moe_ffn.h for the semantics).
