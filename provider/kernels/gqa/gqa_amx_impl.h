@@ -86,7 +86,7 @@ void chunk_bf16(Ops& ops, const GqaChunkArgs& a) {
   // V of the whole chunk as VNNI pairs of consecutive keys (padded keys and
   // dims zero).
   s.vv.resize(size_t(kpad * dv));
-  s.zrow.assign(size_t(d), 0);
+  s.zrow.resize(size_t(d));  // never written: grows with zeros
   for (int64_t j = 0; j < kpad; j += 2) {
     const uint16_t* v0 = j < nk ? V + (k0 + j) * kvs : s.zrow.data();
     const uint16_t* v1 = j + 1 < nk ? V + (k0 + j + 1) * kvs : s.zrow.data();

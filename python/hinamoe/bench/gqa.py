@@ -248,9 +248,11 @@ def run(args) -> int:
 
     tier = None
     if run_hina:
-        tier = hinamoe_tier(args.isa)
-        if tier is None:
+        if hinamoe_tier(args.isa) is None:
             return 1
+        import hinamoe
+
+        tier = hinamoe.gqa_tier(args.isa)  # GQA's own: auto on an AMX CPU runs avx2
 
     l3 = l3_bytes()
     probes = MachineProbes(threads, probe_bytes(args.bw_bytes, l3), quick,
