@@ -1,11 +1,12 @@
 """dtype pass: store the MoE expert weights in float16 or bfloat16.
 
-Option ``dtype``: "fp16"/"float16", "bf16"/"bfloat16"; "fp32"/"float32" or
-None leaves the model alone. Every com.microsoft::MoE node gets its fc1/fc2/
-fc3 weights and biases converted (round to nearest even). The op wants one
-type T for all its inputs and its output, so the tokens and router logits
-are cast to T before the node and the output back to the model's type after
-it. Every other weight stays as exported. Run it last, after the fusions.
+Option ``dtype``: "fp16"/"float16", "bf16"/"bfloat16"; "fp32"/"float32",
+"int4"/"int8" (the quantize pass's) or None leave the model alone. Every
+com.microsoft::MoE node gets its fc1/fc2/fc3 weights and biases converted
+(round to nearest even). The op wants one type T for all its inputs and its
+output, so the tokens and router logits are cast to T before the node and
+the output back to the model's type after it. Every other weight stays as
+exported. Run it after the fusions.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ TARGETS = {
     "fp16": ir.DataType.FLOAT16, "float16": ir.DataType.FLOAT16, "f16": ir.DataType.FLOAT16,
     "bf16": ir.DataType.BFLOAT16, "bfloat16": ir.DataType.BFLOAT16,
     "fp32": None, "float32": None, "f32": None,
+    "int4": None, "int8": None,  # the quantize pass stores these
 }
 NUMPY = {ir.DataType.FLOAT16: np.dtype(np.float16),
          ir.DataType.BFLOAT16: np.dtype(ml_dtypes.bfloat16)}
@@ -37,7 +39,7 @@ def target_dtype(dtype: str | None) -> ir.DataType | None:
     try:
         return TARGETS[str(dtype).lower()]
     except KeyError:
-        raise ValueError(f"dtype {dtype!r}: expected one of fp32, fp16, bf16") from None
+        raise ValueError(f"dtype {dtype!r}: expected one of fp32, fp16, bf16, int4, int8") from None
 
 
 def _weights(node: ir.Node) -> list[ir.Value]:

@@ -7,7 +7,7 @@ from typing import Callable
 import onnx
 import onnx_ir as ir
 
-from . import dtype, gqa_fusion, moe_fusion
+from . import dtype, gqa_fusion, moe_fusion, quantize
 from .report import FusionReport, PassReport, op_counts
 
 # (name, apply) in the order they run. Fusion passes add their entry here.
@@ -15,6 +15,7 @@ PASSES: list[tuple[str, Callable[..., PassReport]]] = [
     (moe_fusion.NAME, moe_fusion.apply),
     (gqa_fusion.NAME, gqa_fusion.apply),
     (dtype.NAME, dtype.apply),
+    (quantize.NAME, quantize.apply),
 ]
 
 
@@ -23,8 +24,9 @@ def run_passes(model: onnx.ModelProto | ir.Model, *, only: list[str] | None = No
     """Runs every pass (or those named in `only`) on `model`.
 
     `options` go to every pass; each reads the ones it knows (e.g.
-    dtype="bf16" for the dtype pass) and ignores the rest. Returns the
-    rewritten model and the report."""
+    dtype="bf16" for the dtype pass; dtype="int4", block_size=32 for the
+    quantize pass) and ignores the rest. Returns the rewritten model and
+    the report."""
     if isinstance(model, onnx.ModelProto):
         model = ir.serde.deserialize_model(model)
     report = FusionReport(ops_before=op_counts(model.graph))

@@ -99,8 +99,17 @@ def test_fp32_is_a_no_op(dtype, rng):
 
 def test_unknown_dtype_is_an_error(rng):
     _, _, fused = _fused_block(rng, shared=False)
-    with pytest.raises(ValueError, match="fp32, fp16, bf16"):
-        dtype_pass.apply(fused, dtype="int4")
+    with pytest.raises(ValueError, match="fp32, fp16, bf16, int4, int8"):
+        dtype_pass.apply(fused, dtype="fp8")
+
+
+@pytest.mark.parametrize("dtype", ["int4", "int8"])
+def test_int_dtypes_are_the_quantize_pass(dtype, rng):
+    _, _, fused = _fused_block(rng, shared=False)
+    before = as_bytes(fused)
+    report = dtype_pass.apply(fused, dtype=dtype)
+    assert report.fused == [] and report.skipped == []
+    assert as_bytes(fused) == before
 
 
 def test_weights_as_graph_inputs_left_alone(rng):
