@@ -27,9 +27,10 @@ def position_ids(mask: np.ndarray, new: int) -> np.ndarray:
     return pos[:, -new:].astype(np.int64)
 
 
-def ort_steps(sess, ids, mask, decode_steps: int):
+def ort_steps(sess, ids, mask, decode_steps: int, tokens=None):
     """Prefill + greedy decode on an ORT session of optimum's export. Returns
-    [(logits [B,S,V], {present name: array}), ...], one per step."""
+    [(logits [B,S,V], {present name: array}), ...], one per step. `tokens`
+    forces the decode tokens (another run's decode_tokens)."""
     past_inputs = [i for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
     B = ids.shape[0]
     feeds_past = {i.name: np.zeros((B, i.shape[1], 0, i.shape[3]), dtype=np.float32)
@@ -44,7 +45,10 @@ def ort_steps(sess, ids, mask, decode_steps: int):
         presents = {k: v for k, v in outs.items() if k.startswith("present.")}
         steps.append((outs["logits"], presents))
         feeds_past = {k.replace("present.", "past_key_values."): v for k, v in presents.items()}
-        next_tok = outs["logits"][:, -1].argmax(-1)[:, None].astype(np.int64)
+        if tokens is not None and step < decode_steps:
+            next_tok = tokens[step]
+        else:
+            next_tok = outs["logits"][:, -1].argmax(-1)[:, None].astype(np.int64)
         cur_ids = next_tok
         cur_mask = np.concatenate([cur_mask, np.ones((B, 1), dtype=np.int64)], axis=1)
     return steps

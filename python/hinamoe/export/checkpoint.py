@@ -17,6 +17,15 @@ SUPPORTED = {
 }
 
 
+# model_type -> config keys of the routed experts' (hidden, intermediate) sizes:
+# the K of QMoE's fc1 and fc2, which --dtype int4/int8 blocks must divide.
+EXPERT_SIZE_KEYS = {
+    "mixtral": ("hidden_size", "intermediate_size"),
+    "qwen2_moe": ("hidden_size", "moe_intermediate_size"),
+    "qwen3_moe": ("hidden_size", "moe_intermediate_size"),
+    "gpt_oss": ("hidden_size", "intermediate_size"),
+}
+
 # What transformers' from_pretrained loads weights from.
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
 
@@ -38,6 +47,13 @@ class Checkpoint:
     @property
     def display_name(self) -> str:
         return SUPPORTED[self.model_type][0]
+
+    @property
+    def expert_sizes(self) -> tuple[int, int] | None:
+        """(hidden, intermediate) of the routed experts, from config.json."""
+        keys = EXPERT_SIZE_KEYS.get(self.model_type, ())
+        sizes = [self.config.get(key) for key in keys]
+        return tuple(sizes) if sizes and all(isinstance(v, int) for v in sizes) else None
 
 
 def check_checkpoint(model_dir: str | Path) -> Checkpoint:

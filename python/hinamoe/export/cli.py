@@ -12,8 +12,9 @@ Export a HuggingFace MoE checkpoint to an ONNX model for HinaMoE.
 Stages: optimum's ONNX export (task text-generation-with-past: one decoder
 with KV-cache inputs; every MoE block unrolled over all its experts), the
 graph passes of hinamoe.graph_passes (MoE and attention fusion into
-com.microsoft::MoE / GroupQueryAttention, expert weight dtype), then
-OUTPUT_DIR gets model.onnx (+ model.onnx_data for large weights), the HF
+com.microsoft::MoE / GroupQueryAttention, expert weight dtype; with --dtype
+int4/int8 the experts become com.microsoft::QMoE and the other MatMuls
+MatMulNBits), then OUTPUT_DIR gets model.onnx (+ model.onnx_data for large weights), the HF
 config, generation config and tokenizer files, and fusion_report.json. The
 fusion table is printed at the end.
 
@@ -29,7 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"local HF checkpoint folder (config.json + weights); supported: {supported_list()}")
     p.add_argument("output_dir", metavar="OUTPUT_DIR", help="folder to write (created if missing)")
     p.add_argument("--dtype", choices=DTYPES, default="fp32",
-                   help="storage type of the MoE expert weights (default fp32); the rest stays fp32")
+                   help="fp16/bf16: storage type of the MoE expert weights, the rest stays fp32;"
+                        " int4/int8: the model 4/8-bit end to end (experts as QMoE, attention,"
+                        " shared experts and lm_head as MatMulNBits; routers stay fp32), weights"
+                        " quantised symmetrically per block along K (default fp32)")
+    p.add_argument("--block-size", type=int, default=None, metavar="N",
+                   help="int4/int8: quantisation block along K, a power of two >= 16 that divides"
+                        " the experts' hidden and intermediate sizes (default 32)")
     p.add_argument("--no-fuse", action="store_true",
                    help="write optimum's export as is (no graph passes): the reference graph")
     p.add_argument("--opset", type=int, default=None,
@@ -53,7 +60,8 @@ def run(args) -> int:
     try:
         path, report = export(args.model_dir, args.output_dir, dtype=args.dtype,
                               fuse_graph=not args.no_fuse, opset=args.opset, validate=args.validate,
-                              progress=not args.quiet, keep_unfused=args.keep_unfused)
+                              progress=not args.quiet, keep_unfused=args.keep_unfused,
+                              block_size=args.block_size)
     except ExportError as e:
         print(f"hina-export: error: {e}", file=sys.stderr)
         return 2

@@ -19,7 +19,8 @@ TASK = "text-generation-with-past"
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx_data"
 REPORT_FILE = "fusion_report.json"
-DTYPES = ("fp32", "fp16", "bf16")
+DTYPES = ("fp32", "fp16", "bf16", "int4", "int8")
+INT_DTYPES = ("int4", "int8")
 # Initializers at least this large go to model.onnx_data (protobuf caps at 2 GB).
 EXTERNAL_DATA_THRESHOLD = 1024
 # What the output folder gets from the checkpoint / optimum's export besides the graph.
@@ -47,14 +48,43 @@ def export_unfused(model_dir: str | Path, out_dir: str | Path, *, opset: int | N
     return model_path
 
 
-def fuse(model_path: str | Path, *, dtype: str = "fp32", **options):
-    """Runs the graph passes on the exported model; returns (ir.Model, FusionReport)."""
+def fuse(model_path: str | Path, *, dtype: str = "fp32", block_size: int | None = None,
+         progress: bool = False, **options):
+    """Runs the graph passes on the exported model; returns (ir.Model, FusionReport).
+    int4/int8 quantise it (block_size along K, default 32)."""
     import onnx_ir as ir
 
     from hinamoe.graph_passes import run_passes
+    from hinamoe.graph_passes.quantize import QuantizeError
 
     model = ir.load(str(model_path))
-    return run_passes(model, dtype=dtype, **options)
+    try:
+        return run_passes(model, dtype=dtype, block_size=block_size, progress=progress, **options)
+    except QuantizeError as e:
+        raise ExportError(str(e)) from None
+
+
+def check_quant_options(ckpt, dtype: str, block_size: int | None, fuse_graph: bool) -> None:
+    """--dtype int4/int8 and --block-size, checked before the (long) export:
+    the block must be a power of two >= 16 dividing the experts' sizes."""
+    from hinamoe.graph_passes.quantize import (DEFAULT_BLOCK_SIZE, QuantizeError, check_block_size,
+                                               check_expert_dims)
+
+    if dtype not in INT_DTYPES:
+        if block_size is not None:
+            raise ExportError(f"--block-size is the quantisation block of --dtype int4/int8; "
+                              f"it does not apply to --dtype {dtype}")
+        return
+    if not fuse_graph:
+        raise ExportError(f"--dtype {dtype} quantises the fused MoE nodes (QMoE); it needs fusion"
+                          " (drop --no-fuse)")
+    block = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+    try:
+        check_block_size(block)
+        if ckpt.expert_sizes is not None:
+            check_expert_dims(block, *ckpt.expert_sizes, f"{ckpt.display_name} checkpoint {ckpt.path}")
+    except QuantizeError as e:
+        raise ExportError(f"--block-size: {e}") from None
 
 
 def save_model(model, out_dir: str | Path, *, threshold: int = EXTERNAL_DATA_THRESHOLD,
@@ -96,13 +126,15 @@ def copy_configs(sources: list[Path], out_dir: str | Path) -> list[str]:
 
 def export(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", fuse_graph: bool = True,
            opset: int | None = None, validate: bool = False, progress: bool = True,
-           keep_unfused: bool = False, threshold: int = EXTERNAL_DATA_THRESHOLD):
+           keep_unfused: bool = False, threshold: int = EXTERNAL_DATA_THRESHOLD,
+           block_size: int | None = None):
     """The whole hina-export: returns (model path, FusionReport or None when unfused)."""
     from tqdm.auto import tqdm
 
     ckpt = check_checkpoint(model_dir)
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    check_quant_options(ckpt, dtype, block_size, fuse_graph)
     if not fuse_graph and dtype != "fp32":
         raise ExportError("--dtype fp16/bf16 converts the fused MoE nodes' weights; it needs fusion"
                           " (drop --no-fuse)")
@@ -119,8 +151,8 @@ def export(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", f
                                  validate=validate)
         bar.update()
         if fuse_graph:
-            bar.set_postfix_str("graph passes")
-            model, report = fuse(unfused, dtype=dtype)
+            bar.set_postfix_str("graph passes" + (f", quantising to {dtype}" if dtype in INT_DTYPES else ""))
+            model, report = fuse(unfused, dtype=dtype, block_size=block_size, progress=progress)
             bar.update()
             bar.set_postfix_str("saving")
             model_path = save_model(model, out, threshold=threshold, progress=progress)
