@@ -20,7 +20,7 @@ ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 # are. Attention and shared experts keep sizes that are not (96 heads x 16,
 # 72): MatMulNBits pads K there.
 QUANT_SIZES = {"mixtral": {"intermediate_size": 96}, "qwen2_moe": {"moe_intermediate_size": 64},
-               "qwen3_moe": {"hidden_size": 96}, "gpt_oss": {"intermediate_size": 64}}
+               "qwen3_moe": {"hidden_size": 96, "moe_intermediate_size": 64}, "gpt_oss": {"intermediate_size": 64}}
 INT_DTYPES = ("int4", "int8")
 # Architectures whose MoE blocks go through hinamoe's all-experts patcher.
 PATCHED_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe")

@@ -122,9 +122,9 @@ def test_bad_options(tiny_export, tmp_path, capsys):
     code, _, err = _run_cli([ckpt, tmp_path / "o", "--no-fuse", "--dtype", "bf16"], capsys)
     assert code == 2 and "needs fusion" in err
     with pytest.raises(SystemExit) as e:
-        cli.main([str(ckpt), str(tmp_path / "o"), "--dtype", "int4"])
+        cli.main([str(ckpt), str(tmp_path / "o"), "--dtype", "int3"])
     assert e.value.code == 2
-    assert "invalid choice: 'int4'" in capsys.readouterr().err
+    assert "invalid choice: 'int3'" in capsys.readouterr().err
 
 
 def test_help_explains(capsys):
@@ -149,6 +149,7 @@ def test_optimum_cli_lists_export_hina():
     assert "hina" in res.stdout and "onnx" in res.stdout
     res = _optimum_cli("export", "hina", "--help")
     assert res.returncode == 0 and "--no-fuse" in res.stdout, res.stderr
+    assert "--block-size" in res.stdout and "int4" in res.stdout
 
 
 def test_optimum_cli_namespace_listed_twice(tmp_path):

@@ -55,7 +55,8 @@ def _check_quantised_graph(model: onnx.ModelProto, report: dict, config, bits: i
     [quant] = [p for p in report["passes"] if p["name"] == "quantize"]
     qmoe = [s for s in quant["fused"] if s["op"] == "QMoE"]
     nbits = {s["layer"]: s for s in quant["fused"] if s["op"] == "MatMulNBits"}
-    assert [s["layer"] for s in qmoe] == [f"/model/layers.{i}/mlp" for i in range(layers)]
+    block = "block_sparse_moe" if config.model_type == "mixtral" else "mlp"
+    assert [s["layer"] for s in qmoe] == [f"/model/layers.{i}/{block}" for i in range(layers)]
     assert all(s["bits"] == bits and s["block_size"] == 32 for s in quant["fused"])
     # bytes: bits per weight + a float32 scale per 32 (MatMulNBits: K padded to 32)
     for s in qmoe:
@@ -74,10 +75,10 @@ def _check_quantised_graph(model: onnx.ModelProto, report: dict, config, bits: i
     # What stays MatMul: rotary (no constant weight) and the routers.
     inits = {i.name for i in model.graph.initializer}
     float_matmuls = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
-    assert all(name.endswith("/mlp/gate/MatMul") for name in float_matmuls), float_matmuls
+    assert all(name.endswith(f"/{block}/gate/MatMul") for name in float_matmuls), float_matmuls
     routers = [s["where"] for s in quant["skipped"] if s["reason"].startswith("router stays float")]
     assert len(routers) == layers and set(float_matmuls) <= set(routers)
-    assert all(r.endswith(("/mlp/gate/MatMul", "/mlp/router/Gemm")) for r in routers), routers
+    assert all(r.endswith((f"/{block}/gate/MatMul", "/mlp/router/Gemm")) for r in routers), routers
     qmoe_nodes = [n for n in model.graph.node if n.op_type == "QMoE"]
     # Qwen2-MoE does not renormalise: its QMoE nodes get router_weights (input 14).
     with_rw = [len(n.input) > 14 and n.input[14] != "" for n in qmoe_nodes]

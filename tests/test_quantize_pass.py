@@ -63,10 +63,11 @@ def _within_steps(dequantised, original, scales, block_size, what, steps=0.5):
     maps max|w| to 2**(bits-1) - 1 and rounds to nearest: half a step. ORT's
     MatMulNBits quantizer maps the largest-magnitude value to -2**(bits-1),
     so a value of the other sign and about the same size is clipped at
-    2**(bits-1) - 1: up to one step."""
+    2**(bits-1) - 1: up to one step. Both divide in float32, so a value
+    within 2**-24 * 127 steps of a half step may round either way."""
     step = np.abs(np.repeat(np.asarray(scales, np.float64), block_size, axis=-1))
     err = np.abs(dequantised - np.asarray(original, np.float64))
-    worst = float((err / (step * steps * (1 + 1e-6) + 1e-30)).max())
+    worst = float((err / (step * (steps + 127 * 2.0 ** -23) + 1e-30)).max())
     assert worst <= 1.0, f"{what}: an element is {worst * steps:.3f} steps off the original"
 
 

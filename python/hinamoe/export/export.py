@@ -81,10 +81,13 @@ def check_quant_options(ckpt, dtype: str, block_size: int | None, fuse_graph: bo
     block = DEFAULT_BLOCK_SIZE if block_size is None else block_size
     try:
         check_block_size(block)
-        if ckpt.expert_sizes is not None:
-            check_expert_dims(block, *ckpt.expert_sizes, f"{ckpt.display_name} checkpoint {ckpt.path}")
     except QuantizeError as e:
         raise ExportError(f"--block-size: {e}") from None
+    if ckpt.expert_sizes is not None:
+        try:
+            check_expert_dims(block, *ckpt.expert_sizes, f"{ckpt.display_name} checkpoint {ckpt.path}")
+        except QuantizeError as e:
+            raise ExportError(str(e)) from None
 
 
 def save_model(model, out_dir: str | Path, *, threshold: int = EXTERNAL_DATA_THRESHOLD,
