@@ -184,9 +184,18 @@ def _to_qmoe(graph: ir.Graph, node: ir.Node, bits: int, block_size: int) -> dict
     graph.remove(node, safe=True)
     before = fc1.const_value.nbytes + fc2.const_value.nbytes
     after = sum(v.const_value.nbytes for v in (q1, s1, q2, s2))
+    _drop_if_unused(graph, fc1, fc2)
     return {"layer": layer, "op": "QMoE", "bits": bits, "block_size": block_size,
             "experts": int(fc1.const_value.shape[0]), "routing": routing,
             "weight_bytes_before": before, "weight_bytes_after": after}
+
+
+def _drop_if_unused(graph: ir.Graph, *values: ir.Value) -> None:
+    """Frees float weights nothing reads any more now, not at the end of the
+    pass: a large model's float experts need not all stay in memory."""
+    for value in values:
+        if not value.uses() and graph.initializers.get(value.name) is value:
+            del graph.initializers[value.name]
 
 
 def _router(node: ir.Node) -> ir.Node | None:
@@ -240,7 +249,9 @@ def apply(model: ir.Model, *, dtype: str | None = None, block_size: int | None =
         if kind == "qmoe":
             report.fused.append(_to_qmoe(graph, node, bits, block_size))
         elif (why := matmul_why_not(node)) is None:
+            weight = node.inputs[1]
             report.fused.append(writer.replace(node))
+            _drop_if_unused(graph, weight)
         elif node.inputs[1] is not None and node.inputs[1].const_value is not None:
             # A MatMul on activations (rotary) is not a weight: not worth a line.
             report.skipped.append({"where": node.name, "reason": f"stays MatMul: {why}"})

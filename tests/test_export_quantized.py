@@ -192,3 +192,20 @@ def test_help_explains_quantisation(capsys):
     for words in ("int4", "int8", "--block-size", "QMoE", "MatMulNBits", "power of two >= 16",
                   "routers stay fp32"):
         assert words in text, words
+
+
+@pytest.mark.slow
+def test_optimum_cli_export_hina_int8(tiny_export, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    res = subprocess.run([sys.executable, "-m", "optimum.commands.optimum_cli", "export", "hina",
+                          str(tiny_export.checkpoint("gpt_oss", quantisable=True)), str(tmp_path / "o"),
+                          "--dtype", "int8", "--block-size", "16", "--quiet"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((tmp_path / "o" / "fusion_report.json").read_text())
+    assert report["ops_after"]["com.microsoft::QMoE"] == 2
+    assert "op=QMoE, bits=8, block_size=16" in res.stdout
