@@ -235,7 +235,7 @@ def apply(model: ir.Model, *, dtype: str | None = None, block_size: int | None =
         inter = node.inputs[4].const_value.shape[2]
         check_expert_dims(block_size, hidden, inter, _layer(node))  # before anything changes
         moes.append(node)
-    routers = {r for n in moes + _moe_nodes(graph, "QMoE") + _moe_nodes(graph, "MoE")
+    routers = {r for n in _moe_nodes(graph, "MoE") + _moe_nodes(graph, "QMoE")
                if (r := _router(n)) is not None}
     matmuls = [n for n in graph if n.op_type == "MatMul" and n.domain == "" and n not in routers]
     todo = [("qmoe", n) for n in moes] + [("matmul", n) for n in matmuls]
