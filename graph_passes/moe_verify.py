@@ -90,9 +90,17 @@ def _compare(graph, block: MoEBlock, opset_version, ir_version) -> str | None:
     cut = _session(_block_model(graph, inputs, block.output, opset_version, ir_version))
     fused = _session(_moe_model(block, opset_version))
     rng = np.random.default_rng(0)
-    for t in TOKEN_COUNTS:
+    # Random tokens, then a batch in which every expert is some token's first
+    # choice and some token's second: random logits alone can leave an
+    # expert's branch unexercised (7 tokens miss one of 8 experts ~1 in 10).
+    for t in (*TOKEN_COUNTS, 2 * experts):
         x = rng.standard_normal((t, hidden)).astype(np_dtype)
-        lg = (rng.standard_normal((t, experts)) * 2).astype(np_dtype)
+        lg = rng.standard_normal((t, experts)) * 2
+        if t == 2 * experts:
+            rows = np.arange(t)
+            lg[rows, rows % experts] += 16
+            lg[rows, (rows + 1 + rows // experts) % experts] += 8
+        lg = lg.astype(np_dtype)
         feeds = {v.name: x.reshape((1,) * (rank - 2) + (t, hidden))
                  for v, rank in block.input_ranks.items()}
         feeds[block.logits.name] = lg
