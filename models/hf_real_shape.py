@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .hf_tiny import BOS, EOS, INIT_STD, PAD, build
+from .hf_tiny import BOS, EOS, INIT_STD, PAD, build, plain_rope
 from .shapes import get_shape
 
 # shape name -> (HF model_type, config fields besides the expert shape)
@@ -35,7 +35,7 @@ REAL_MODELS: dict[str, tuple[str, dict]] = {
     "mixtral-8x22b": ("mixtral", dict(num_attention_heads=48, num_key_value_heads=8, head_dim=128,
                                       rope_theta=1e6)),
     "gpt-oss-20b": ("gpt_oss", dict(num_attention_heads=64, num_key_value_heads=8, head_dim=64,
-                                    sliding_window=128, rope_scaling=None, rope_theta=150000.0)),
+                                    sliding_window=128, rope_theta=150000.0)),
 }
 
 
@@ -48,6 +48,8 @@ def real_shape_config(name: str, layers: int = 1, experts: int | None = None, vo
     if shape.name not in REAL_MODELS:
         raise ValueError(f"no HF recipe for {shape.name!r}; have: {', '.join(REAL_MODELS)}")
     model_type, fields = REAL_MODELS[shape.name]
+    fields = dict(fields)
+    fields.update(plain_rope(fields.pop("rope_theta")))  # real gpt-oss uses YaRN; the shapes are what count here
     experts = experts or shape.default_bench_experts
     if not shape.k <= experts:
         raise ValueError(f"{shape.name}: top-k {shape.k} needs at least {shape.k} experts, got {experts}")

@@ -26,6 +26,17 @@ VOCAB = 300  # 256 bytes + a few specials; not a power of two
 BOS, EOS, PAD = 256, 257, 258
 
 
+def plain_rope(theta: float) -> dict:
+    """Config fields for plain (unscaled) rotary with base `theta`, spelt for
+    the installed transformers: 4.x reads rope_theta/rope_scaling, 5.x a
+    rope_parameters dict (and would give gpt-oss YaRN scaling by default)."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return dict(rope_parameters={"rope_type": "default", "rope_theta": theta})
+    return dict(rope_theta=theta, rope_scaling=None)
+
+
 def _common(**overrides) -> dict:
     base = dict(
         vocab_size=VOCAB,
@@ -49,7 +60,7 @@ def mixtral_config():
     return MixtralConfig(**_common(
         hidden_size=96, intermediate_size=80, num_attention_heads=6, num_key_value_heads=2,
         head_dim=16, num_local_experts=6, num_experts_per_tok=2, sliding_window=None,
-        rope_theta=10000.0))
+        **plain_rope(10000.0)))
 
 
 def qwen2_moe_config():
@@ -60,7 +71,7 @@ def qwen2_moe_config():
         hidden_size=96, intermediate_size=112, moe_intermediate_size=40,
         shared_expert_intermediate_size=72, num_attention_heads=6, num_key_value_heads=2,
         num_experts=6, num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1,
-        mlp_only_layers=[], use_sliding_window=False, rope_theta=10000.0))
+        mlp_only_layers=[], use_sliding_window=False, **plain_rope(10000.0)))
 
 
 def qwen3_moe_config():
@@ -71,7 +82,7 @@ def qwen3_moe_config():
         hidden_size=80, intermediate_size=112, moe_intermediate_size=48,
         num_attention_heads=8, num_key_value_heads=2, head_dim=16, num_experts=8,
         num_experts_per_tok=3, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-        use_sliding_window=False, rope_theta=10000.0))
+        use_sliding_window=False, **plain_rope(10000.0)))
 
 
 def gpt_oss_config():
@@ -80,8 +91,7 @@ def gpt_oss_config():
     return GptOssConfig(**_common(
         hidden_size=64, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
-        layer_types=["sliding_attention", "full_attention"], rope_scaling=None,
-        rope_theta=10000.0))
+        layer_types=["sliding_attention", "full_attention"], **plain_rope(10000.0)))
 
 
 # arch -> config factory. Keys are HF `model_type`s.
@@ -93,18 +103,29 @@ RECIPES: dict[str, Callable] = {
 }
 
 
+def byte_level_chars() -> dict[int, str]:
+    """The printable character GPT-2's ByteLevel pre-tokenizer maps each byte
+    to. Written out here because transformers moved its own copy between
+    releases (4.x: tokenization_gpt2.bytes_to_unicode; 5.x: elsewhere)."""
+    printable = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:  # the bytes that are not printable go, in order, to 256, 257, ...
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
 def byte_tokenizer():
     """A byte-level tokenizer over the 256 byte values plus bos/eos/pad, built
     without downloads (no merges: one token per byte)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    byte_chars = pre_tokenizers.ByteLevel.alphabet()
-    # ByteLevel maps each byte to a printable char; order them by byte value.
-    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
-
-    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
-    assert set(vocab) == set(byte_chars)
+    vocab = {ch: b for b, ch in byte_level_chars().items()}
+    assert set(vocab) == set(pre_tokenizers.ByteLevel.alphabet())
     vocab.update({"<s>": BOS, "</s>": EOS, "<pad>": PAD})
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -1,0 +1,75 @@
+"""Tiny and real-shape HF checkpoints under whichever transformers line is
+installed (4.57 for the export stack, 5.x in the genai environment): the
+recipes build, load back, rotate with plain RoPE and tokenize byte by byte."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from hinamoe.models import hf_tiny  # noqa: E402
+from hinamoe.models.hf_real_shape import real_shape_config  # noqa: E402
+
+
+def _rotary_of(model):
+    for mod in model.modules():
+        if hasattr(mod, "inv_freq") and hasattr(mod, "attention_scaling"):
+            return mod
+    raise AssertionError(f"{type(model).__name__} has no rotary embedding module")
+
+
+@pytest.mark.parametrize("arch", sorted(hf_tiny.RECIPES))
+def test_tiny_checkpoint_loads_with_plain_rope(arch, tmp_path, seed):
+    from transformers import AutoModelForCausalLM
+
+    out = hf_tiny.build(arch, tmp_path / arch, seed=seed)
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    cfg = model.config
+    assert cfg.model_type == arch and cfg.num_hidden_layers == 2 and cfg.vocab_size == hf_tiny.VOCAB
+    # Unscaled RoPE with base 1e4 (transformers 5 would give gpt-oss YaRN unless told otherwise).
+    rot = _rotary_of(model)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    want = 10000.0 ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    np.testing.assert_allclose(rot.inv_freq.double().numpy(), want, rtol=1e-6)
+    assert float(rot.attention_scaling) == 1.0
+    # The saved weights are the ones the seed gives.
+    again = AutoModelForCausalLM.from_pretrained(hf_tiny.build(arch, tmp_path / "again", seed=seed))
+    for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_byte_tokenizer_maps_bytes_to_ids(tmp_path, rng):
+    from transformers import AutoTokenizer
+
+    hf_tiny.byte_tokenizer().save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    raw = bytes(rng.integers(0, 256, size=64, dtype=np.uint8))
+    text = raw.decode("latin-1")  # one char per byte; UTF-8 encoding then gives the byte sequence below
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids == list(text.encode("utf-8"))
+    assert tok.decode(ids) == text
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (hf_tiny.BOS, hf_tiny.EOS, hf_tiny.PAD)
+
+
+def test_byte_level_chars_match_the_tokenizers_alphabet():
+    from tokenizers import pre_tokenizers
+
+    chars = hf_tiny.byte_level_chars()
+    assert sorted(chars) == list(range(256)) and len(set(chars.values())) == 256
+    assert set(chars.values()) == set(pre_tokenizers.ByteLevel.alphabet())
+    for b in b"azAZ09!~":
+        assert chars[b] == chr(b)  # printable ASCII maps to itself
+    assert chars[ord(" ")] == "\u0120"  # GPT-2's visible space
+
+
+def test_real_shape_gpt_oss_has_plain_rope():
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
+
+    cfg = real_shape_config("gpt-oss-20b", layers=2, experts=4)
+    rot = GptOssRotaryEmbedding(config=cfg)  # the rotary alone: the full model is GBs
+    want = 150000.0 ** (-np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
+    np.testing.assert_allclose(rot.inv_freq.double().numpy(), want, rtol=1e-6)
+    assert float(rot.attention_scaling) == 1.0
