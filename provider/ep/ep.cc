@@ -63,6 +63,12 @@ OrtStatus* HinaEp::read_options(const OrtApi& api, const OrtSessionOptions* so, 
     }
     out->topology = std::move(topo);
   }
+
+  const std::string strict = option("strict", "HINAMOE_STRICT", "0", &source);
+  if (strict != "0" && strict != "1") {
+    return make_status(ORT_INVALID_ARGUMENT, "HinaMoE: " + source + " = '" + strict + "': expected 0 or 1");
+  }
+  out->strict = strict == "1";
   return nullptr;
   HINA_API_END
 }
@@ -101,14 +107,18 @@ OrtStatus* ORT_API_CALL HinaEp::GetCapabilityImpl(OrtEp* this_ptr, const OrtGrap
     } else {
       continue;
     }
+    const OrtKernelDef* def = nullptr;
+    if (why_not.empty()) {
+      HINA_RETURN_IF_ERROR(ep->factory_.ep_api().EpGraphSupportInfo_LookUpKernel(support, node, &def));
+      if (def == nullptr) why_not = "no HinaMoE kernel is registered for its input types";
+    }
     if (!why_not.empty()) {
-      ep->log(ORT_LOGGING_LEVEL_WARNING, "HinaMoE leaves node '" + node.GetName() + "' (" +
-                                             node.GetOperatorType() + ") to another EP: " + why_not);
+      const std::string msg = "HinaMoE leaves node '" + node.GetName() + "' (" + node.GetOperatorType() +
+                              ") to another EP: " + why_not;
+      if (ep->options_.strict) return make_status(ORT_FAIL, msg + " (strict=1 refuses any fallback)");
+      ep->log(ORT_LOGGING_LEVEL_WARNING, msg);
       continue;
     }
-    const OrtKernelDef* def = nullptr;
-    HINA_RETURN_IF_ERROR(ep->factory_.ep_api().EpGraphSupportInfo_LookUpKernel(support, node, &def));
-    if (def == nullptr) continue;  // e.g. a type our registry does not list
     HINA_RETURN_IF_ERROR(ep->factory_.ep_api().EpGraphSupportInfo_AddSingleNode(support, node));
   }
   return nullptr;

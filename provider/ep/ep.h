@@ -21,10 +21,14 @@ class HinaEp : public OrtEp {
     // From "numa": null when off; the kernels split work by node when it has
     // more than one. Shared by the kernels of the session.
     std::shared_ptr<const hinamoe::numa::Topology> topology;
+    // From "strict": a MoE / GroupQueryAttention node HinaMoE would leave to
+    // another EP fails session creation instead (no silent fallback).
+    bool strict = false;
   };
 
-  // Reads provider options (session config "ep.hinamoe.<key>": isa, numa)
-  // and the HINAMOE_ISA / HINAMOE_NUMA_TOPOLOGY environment variables; the
+  // Reads provider options (session config "ep.hinamoe.<key>": isa, numa,
+  // strict) and the HINAMOE_ISA / HINAMOE_NUMA_TOPOLOGY / HINAMOE_STRICT
+  // environment variables; the
   // provider option wins. An unknown value is an error, so a typo fails
   // session creation loudly.
   static OrtStatus* read_options(const OrtApi& api, const OrtSessionOptions* so, Options* out);

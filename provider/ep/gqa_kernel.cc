@@ -91,6 +91,9 @@ OrtStatus* GqaKernel::compute(OrtKernelContext* context) const {
     if (shape[kPastValue] != ps) return bad_shape(kPastValue, shape_str(ps) + " (the shape of 'past_key')");
     past_cap = ps[2];
   }
+  if (attrs.op.sliding_window_cache && in[kPastKey] == nullptr) {
+    return error(kInputNames[kPastKey], "is required with sliding_window_cache=1 (its dim 2 is the window capacity)");
+  }
 
   if (shape[kSeqlensK] != std::vector<int64_t>{b}) return bad_shape(kSeqlensK, "[" + std::to_string(b) + "] (one entry per batch row)");
   if (in[kTotalSeq].GetTensorTypeAndShapeInfo().GetElementCount() != 1) {
@@ -106,7 +109,8 @@ OrtStatus* GqaKernel::compute(OrtKernelContext* context) const {
   gs.kv_num_heads = nkv;
   gs.head_dim = d;
   gs.past_capacity = past_cap;
-  gs.present_capacity = std::max(total, past_cap);
+  // A windowed cache keeps its capacity; a full one grows to the total length.
+  gs.present_capacity = attrs.op.sliding_window_cache ? past_cap : std::max(total, past_cap);
   gs.total_sequence_length = total;
 
   hinamoe::GqaTensors t;
