@@ -94,6 +94,45 @@ def gpt_oss_config():
         layer_types=["sliding_attention", "full_attention"], **plain_rope(10000.0)))
 
 
+def gpt_oss_yarn_config():
+    """gpt-oss as released, which onnxruntime-genai's builder requires:
+    YaRN-scaled RoPE (factor 4 over 256 positions here; the builder wants its
+    NTK ramp inside the 8 frequency pairs), expert sizes that are multiples
+    of MXFP4's 32-value blocks."""
+    cfg = gpt_oss_config()
+    cfg.max_position_embeddings = 1024
+    cfg.intermediate_size = 64
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 256,
+            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+    if hasattr(cfg, "rope_parameters"):  # transformers 5
+        cfg.rope_parameters = yarn
+    else:
+        cfg.rope_scaling = {k: v for k, v in yarn.items() if k != "rope_theta"}
+    return cfg
+
+
+def lfm2_moe_config():
+    """LFM2-MoE (transformers 5 only): short-convolution layers around one
+    attention layer, a dense first layer, sigmoid routing with expert bias."""
+    from transformers import Lfm2MoeConfig
+
+    cfg = Lfm2MoeConfig(**_common(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=48, num_hidden_layers=3,
+        num_dense_layers=1, num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+        num_experts_per_tok=2, layer_types=["conv", "full_attention", "conv"], norm_eps=1e-5,
+        **plain_rope(10000.0)))
+    cfg.architectures = ["Lfm2MoeForCausalLM"]
+    return cfg
+
+
+# Checkpoints for onnxruntime-genai's model builder (transformers 5), by the
+# names its tests use.
+GENAI_RECIPES: dict[str, Callable] = {
+    "gpt_oss": gpt_oss_yarn_config,
+    "lfm2_moe": lfm2_moe_config,
+}
+
+
 # arch -> config factory. Keys are HF `model_type`s.
 RECIPES: dict[str, Callable] = {
     "mixtral": mixtral_config,

@@ -90,6 +90,12 @@ void HinaEp::log(OrtLoggingLevel level, const std::string& msg) const {
   if (st != nullptr) factory_.api().ReleaseStatus(st);
 }
 
+std::string HinaEp::strict_refusal(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(refused_mu_);
+  auto it = refused_.find(name);
+  return it == refused_.end() ? std::string() : it->second;
+}
+
 const char* ORT_API_CALL HinaEp::GetNameImpl(const OrtEp*) noexcept { return kEpName; }
 
 OrtStatus* ORT_API_CALL HinaEp::GetCapabilityImpl(OrtEp* this_ptr, const OrtGraph* graph,
@@ -108,16 +114,19 @@ OrtStatus* ORT_API_CALL HinaEp::GetCapabilityImpl(OrtEp* this_ptr, const OrtGrap
       continue;
     }
     const OrtKernelDef* def = nullptr;
-    if (why_not.empty()) {
-      HINA_RETURN_IF_ERROR(ep->factory_.ep_api().EpGraphSupportInfo_LookUpKernel(support, node, &def));
-      if (def == nullptr) why_not = "no HinaMoE kernel is registered for its input types";
-    }
+    HINA_RETURN_IF_ERROR(ep->factory_.ep_api().EpGraphSupportInfo_LookUpKernel(support, node, &def));
+    if (why_not.empty() && def == nullptr) why_not = "no HinaMoE kernel is registered for its input types";
     if (!why_not.empty()) {
       const std::string msg = "HinaMoE leaves node '" + node.GetName() + "' (" + node.GetOperatorType() +
                               ") to another EP: " + why_not;
-      if (ep->options_.strict) return make_status(ORT_FAIL, msg + " (strict=1 refuses any fallback)");
-      ep->log(ORT_LOGGING_LEVEL_WARNING, msg);
-      continue;
+      if (!ep->options_.strict) {
+        ep->log(ORT_LOGGING_LEVEL_WARNING, msg);
+        continue;
+      }
+      const std::string refusal = "strict=1 refuses to leave it to another EP: " + why_not;
+      if (def == nullptr) return make_status(ORT_FAIL, msg + " (strict=1, but ORT only logs this)");
+      std::lock_guard<std::mutex> lock(ep->refused_mu_);
+      ep->refused_[node.GetName()] = refusal;
     }
     HINA_RETURN_IF_ERROR(ep->factory_.ep_api().EpGraphSupportInfo_AddSingleNode(support, node));
   }

@@ -2,7 +2,9 @@
 // (which nodes we claim) and the kernel registry that runs them.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "kernels/numa/topology.h"
@@ -38,6 +40,11 @@ class HinaEp : public OrtEp {
   const Options& options() const { return options_; }
   void log(OrtLoggingLevel level, const std::string& msg) const;
 
+  // strict=1: why HinaMoE cannot run node `name`, "" when it can. GetCapability
+  // claims such nodes anyway (ORT only logs a GetCapability error and moves
+  // the graph to the CPU EP), so their kernel creation fails with this reason.
+  std::string strict_refusal(const std::string& name) const;
+
  private:
   static const char* ORT_API_CALL GetNameImpl(const OrtEp*) noexcept;
   static OrtStatus* ORT_API_CALL GetCapabilityImpl(OrtEp*, const OrtGraph* graph,
@@ -47,6 +54,8 @@ class HinaEp : public OrtEp {
   HinaEpFactory& factory_;
   Options options_;
   const OrtLogger& logger_;
+  mutable std::mutex refused_mu_;
+  std::map<std::string, std::string> refused_;  // node name -> reason (strict=1)
 };
 
 }  // namespace hinamoe_ep
