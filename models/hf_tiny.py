@@ -194,6 +194,48 @@ def build(arch: str, out_dir: str | Path, seed: int = 0, config=None) -> Path:
     return out
 
 
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # e2m1 magnitudes, codes 0..7 (bit 3: sign)
+
+
+def mxfp4_quantize(w):
+    """MXFP4 of w [..., N, K] (K a multiple of 32) as gpt-oss ships it:
+    (blocks uint8 [..., N, K/32, 16], two codes per byte, even index in the
+    low nibble; scales uint8 [..., N, K/32], exponent + 127; dequantised
+    float32 [..., N, K])."""
+    import numpy as np
+
+    w = np.asarray(w, dtype=np.float64)
+    blocks = w.reshape(*w.shape[:-1], w.shape[-1] // 32, 32)
+    amax = np.abs(blocks).max(axis=-1)
+    exp = np.where(amax > 0, np.ceil(np.log2(np.where(amax > 0, amax, 1.0) / 6.0)), 0.0).clip(-127, 127)
+    scaled = blocks / np.exp2(exp)[..., None]
+    mags = np.asarray(FP4_VALUES)
+    idx = np.abs(np.abs(scaled)[..., None] - mags).argmin(axis=-1).astype(np.uint8)
+    codes = idx | np.where(scaled < 0, 8, 0).astype(np.uint8)
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    deq = np.where(codes & 8, -1.0, 1.0) * mags[idx] * np.exp2(exp)[..., None]
+    return packed, (exp + 127).astype(np.uint8), deq.reshape(w.shape).astype(np.float32)
+
+
+def add_mxfp4_experts(ckpt_dir: str | Path) -> Path:
+    """Gives a gpt-oss checkpoint the MXFP4 expert tensors of the released
+    model (``*_blocks``/``*_scales``, which genai's builder quantises from
+    for int4/int8) and replaces its float experts by their dequantised
+    values, so every precision the builder makes is the same model."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    path = Path(ckpt_dir) / "model.safetensors"
+    tensors = load_file(path)
+    for name in [n for n in tensors if n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]:
+        # HF keeps [E, in, out]; MXFP4 rows are output features: [E, out, in].
+        blocks, scales, deq = mxfp4_quantize(np.swapaxes(tensors[name], 1, 2))
+        tensors[name] = np.ascontiguousarray(np.swapaxes(deq, 1, 2))
+        tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+    save_file(tensors, path, metadata={"format": "pt"})
+    return Path(ckpt_dir)
+
+
 def build_all(root: str | Path, archs=None, seed: int = 0) -> dict[str, Path]:
     return {a: build(a, Path(root) / a, seed) for a in (archs or RECIPES)}
 

@@ -73,3 +73,19 @@ def test_real_shape_gpt_oss_has_plain_rope():
     want = 150000.0 ** (-np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
     np.testing.assert_allclose(rot.inv_freq.double().numpy(), want, rtol=1e-6)
     assert float(rot.attention_scaling) == 1.0
+
+
+def test_mxfp4_quantize_decodes_to_its_dequantised_values(rng):
+    w = rng.standard_normal((3, 5, 64)) * np.exp2(rng.integers(-4, 4, size=(3, 5, 1)))
+    w[0, 0, :32] = 0.0  # an all-zero block
+    blocks, scales, deq = hf_tiny.mxfp4_quantize(w)
+    assert blocks.shape == (3, 5, 2, 16) and scales.shape == (3, 5, 2) and blocks.dtype == np.uint8
+    # Decode independently: low nibble first, e2m1 magnitude, sign bit 3, scale 2^(s - 127).
+    codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(3, 5, 2, 32)
+    mags = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])[codes & 7] * np.where(codes & 8, -1, 1)
+    decoded = (mags * np.exp2(scales.astype(np.float64) - 127)[..., None]).reshape(w.shape)
+    np.testing.assert_array_equal(decoded.astype(np.float32), deq)
+    # Within half of the widest e2m1 gap (2, between 4 and 6) of each block's scale.
+    step = np.repeat(np.exp2(scales.astype(np.float64) - 127), 32, axis=-1)
+    assert np.all(np.abs(deq - w) <= step + 1e-12)
+    assert np.all(deq[0, 0, :32] == 0)
