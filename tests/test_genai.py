@@ -11,6 +11,7 @@ that environment. Skipped where they are not installed."""
 from __future__ import annotations
 
 import glob
+import json
 import shutil
 import subprocess
 import sys
@@ -168,3 +169,26 @@ def test_helper_errors(genai_models, tmp_path):
         hinamoe.genai.model(path, isa="sse9000")
     hinamoe.genai.register()  # again: a no-op
     assert hinamoe.genai.model(path, isa="ref") is not None
+
+
+def test_hina_bench_decode(genai_models, tmp_path):
+    """hina-bench decode on a tiny model: a short run, the JSON and the plot
+    (speed itself is for the benchmark, not checked here)."""
+    pytest.importorskip("matplotlib")
+    from hinamoe.bench.cli import main
+
+    out, plot = tmp_path / "decode.json", tmp_path / "decode.png"
+    assert main(["decode", str(genai_models("gpt_oss", "fp32")), "--prompt", "9", "--new-tokens", "5",
+                 "--rounds", "2", "--threads", "1", "--json", str(out), "--plot", str(plot)]) == 0
+    res = json.loads(out.read_text())
+    assert res["same_tokens"] is True and plot.stat().st_size > 0
+    for ep in ("HinaMoE", "CPU"):
+        r = res["eps"][ep]
+        assert len(r["rounds"]) == 2 and all(len(x["decode_ms"]) == 4 for x in r["rounds"])
+        s = r["summary"]
+        assert 0 < s["decode_ms_p10"] <= s["decode_ms_median"] <= s["decode_ms_p90"]
+        assert s["decode_tokens_per_s"] == pytest.approx(1000.0 / s["decode_ms_median"])
+        ops = r["ops"]
+        assert ops["decode_ms_per_token"]["MoE/QMoE"] > 0 and ops["prefill_ms"]["GroupQueryAttention"] > 0
+        want = "HinaMoE" if ep == "HinaMoE" else "CPUExecutionProvider"
+        assert ops["providers"]["MoE/QMoE"] == [want] and ops["providers"]["GroupQueryAttention"] == [want]
