@@ -229,9 +229,11 @@ def add_mxfp4_experts(ckpt_dir: str | Path) -> Path:
     tensors = load_file(path)
     for name in [n for n in tensors if n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]:
         # HF keeps [E, in, out]; MXFP4 rows are output features: [E, out, in].
-        blocks, scales, deq = mxfp4_quantize(np.swapaxes(tensors[name], 1, 2))
-        tensors[name] = np.ascontiguousarray(np.swapaxes(deq, 1, 2))
-        tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+        # One expert at a time: real-shape experts are GBs in float64.
+        parts = [mxfp4_quantize(w.T) for w in tensors[name]]
+        tensors[name] = np.stack([np.ascontiguousarray(deq.T) for _, _, deq in parts])
+        tensors[name + "_blocks"] = np.stack([b for b, _, _ in parts])
+        tensors[name + "_scales"] = np.stack([sc for _, sc, _ in parts])
     save_file(tensors, path, metadata={"format": "pt"})
     return Path(ckpt_dir)
 

@@ -89,3 +89,14 @@ def test_mxfp4_quantize_decodes_to_its_dequantised_values(rng):
     step = np.repeat(np.exp2(scales.astype(np.float64) - 127), 32, axis=-1)
     assert np.all(np.abs(deq - w) <= step + 1e-12)
     assert np.all(deq[0, 0, :32] == 0)
+
+
+def test_real_shape_gpt_oss_for_genai():
+    """--genai: the released YaRN RoPE (transformers 5 only), shapes unchanged."""
+    if int(transformers.__version__.split(".")[0]) < 5:
+        with pytest.raises(ValueError, match="transformers 5"):
+            real_shape_config("gpt-oss-20b", layers=2, experts=4, genai=True)
+        return
+    cfg = real_shape_config("gpt-oss-20b", layers=2, experts=4, genai=True)
+    assert cfg.rope_parameters["rope_type"] == "yarn" and cfg.rope_parameters["factor"] == 32.0
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts) == (2880, 2880, 4)

@@ -26,7 +26,8 @@ model builder's output, or any folder with a genai_config.json), on HinaMoE
 round by round in one run so both see the same machine state.
 
 Per round and EP: a prompt of --prompt random token ids, then --new-tokens
-greedy tokens (EOS suppressed). prefill tokens/s = prompt tokens / time of
+greedy tokens (EOS suppressed; genai's max_length at least the sliding
+window, which sizes the window buffers). prefill tokens/s = prompt tokens / time of
 the prompt call; decode: the time of every later generate_next_token()
 (one token each), reported as the median ms per token, its 10th/90th
 percentiles, and tokens/s = 1000 / median ms. The model is loaded before
@@ -88,24 +89,26 @@ def _model(path: str, ep: str, threads: int, isa: str, profile_prefix: str | Non
     return og.Model(cfg)
 
 
-def _generate(model, prompt: np.ndarray, new_tokens: int):
-    """Greedy generation; (prompt seconds, [seconds per later token], tokens)."""
+def _generate(model, prompt: np.ndarray, new_tokens: int, min_max_length: int = 0):
+    """Greedy generation; (prompt seconds, [seconds per later token], tokens).
+    min_max_length: a floor for genai's max_length, which also sizes the
+    window buffers of sliding layers (ORT refuses one below the window)."""
     import onnxruntime_genai as og
 
     params = og.GeneratorParams(model)
     total = prompt.size + new_tokens
-    params.set_search_options(max_length=total, min_length=total, do_sample=False)
+    params.set_search_options(max_length=max(total, min_max_length), min_length=total, do_sample=False)
     gen = og.Generator(model, params)
     t0 = time.perf_counter()
     gen.append_tokens(prompt[None, :].astype(np.int32))
     gen.generate_next_token()  # the first new token comes from the prompt's logits
     t_prompt = time.perf_counter() - t0
     steps = []
-    while not gen.is_done():
+    while len(steps) < new_tokens - 1 and not gen.is_done():
         t = time.perf_counter()
         gen.generate_next_token()
         steps.append(time.perf_counter() - t)
-    tokens = [int(x) for x in gen.get_sequence(0)[prompt.size:]]
+    tokens = [int(x) for x in gen.get_sequence(0)[prompt.size:total]]
     del gen
     return t_prompt, steps, tokens
 
@@ -153,14 +156,16 @@ def run(args) -> int:
         print("hina-bench decode needs onnxruntime-genai (pip install onnxruntime-genai)", file=sys.stderr)
         return 2
     rng = np.random.default_rng(args.seed)
-    vocab = json.loads((Path(args.model) / "genai_config.json").read_text())["model"]["vocab_size"]
+    genai_cfg = json.loads((Path(args.model) / "genai_config.json").read_text())["model"]
+    vocab = genai_cfg["vocab_size"]
+    window = genai_cfg.get("decoder", {}).get("sliding_window", {}).get("window_size", 0)
     prompt = rng.integers(0, min(vocab, 256), size=args.prompt)
     rounds = {ep: [] for ep in EPS}
     tokens = {}
     order = [(i, ep) for i in range(args.rounds) for ep in (EPS if i % 2 == 0 else EPS[::-1])]
     for i, ep in _progress(order, len(order), "decode rounds"):
         model = _model(args.model, ep, args.threads, args.isa)
-        t_prompt, steps, toks = _generate(model, prompt, args.new_tokens)
+        t_prompt, steps, toks = _generate(model, prompt, args.new_tokens, window)
         del model
         gc.collect()
         rounds[ep].append({"round": i, "prefill_s": t_prompt, "decode_ms": [s * 1000.0 for s in steps]})
@@ -177,7 +182,7 @@ def run(args) -> int:
             for ep in _progress(EPS, len(EPS), "profiled runs"):
                 prefix = str(Path(tmp) / ep)
                 model = _model(args.model, ep, args.threads, args.isa, profile_prefix=prefix)
-                _generate(model, prompt, args.new_tokens)
+                _generate(model, prompt, args.new_tokens, window)
                 del model
                 gc.collect()
                 result["eps"][ep]["ops"] = op_breakdown(next(Path(tmp).glob(ep + "*.json")))
