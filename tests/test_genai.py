@@ -72,7 +72,7 @@ def genai_models(tmp_path_factory):
     return get
 
 
-def cpu_model(path: Path, profile_prefix: str | None = None):
+def cpu_model(path: Path):
     cfg = og.Config(str(path))
     cfg.clear_providers()  # no provider appended: genai runs the CPU EP
     return og.Model(cfg)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from . import get_ep_name, get_library_path
 
-# Provider options HinaMoE reads (README, "Options").
-OPTIONS = ("isa", "numa", "strict")
+# Provider options HinaMoE reads (README, "Options"); strict is the keyword.
+OPTIONS = ("isa", "numa")
 
 _lock = threading.Lock()
 _registered = False
@@ -56,8 +56,6 @@ def config(model_dir: str | Path, *, strict: bool = True, profile_prefix: str | 
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ValueError(f"unknown HinaMoE option(s) {unknown}; HinaMoE reads {list(OPTIONS)}")
-    if "strict" in options:
-        raise ValueError("pass strict=True/False as the keyword, not as a provider option string")
     model_dir = Path(model_dir)
     if not (model_dir / "genai_config.json").is_file():
         raise FileNotFoundError(f"{model_dir} has no genai_config.json: not an onnxruntime-genai model folder")
