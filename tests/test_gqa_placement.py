@@ -28,7 +28,9 @@ def _providers_after_run(sess, cfg, rng) -> dict:
 
 
 @pytest.mark.parametrize("extra", [{}, dict(dtype="float16"), dict(dtype="bfloat16"), dict(do_rotary=True, packed=True, attention_bias=True,
-                                            head_sink=True, local_window_size=4, softcap=3.0)])
+                                            head_sink=True, local_window_size=4, softcap=3.0),
+                                   dict(do_rotary=True, packed=True, head_sink=True, local_window_size=4,
+                                        extra_attrs={"sliding_window_cache": 1})])
 def test_profile_shows_hinamoe(extra, tmp_path, rng):
     cfg = GQAConfig(**BASE, **extra)
     sess = hina_session(build_gqa_model(cfg), profile_prefix=str(tmp_path / "hina"))
@@ -41,7 +43,6 @@ def test_profile_shows_hinamoe(extra, tmp_path, rng):
 UNCLAIMED = {
     "causal_0": dict(extra_attrs={"causal": 0}),
     "qk_output": dict(extra_attrs={"qk_output": 1}, output_qk=True),
-    "sliding_window_cache": dict(extra_attrs={"sliding_window_cache": 1}, local_window_size=8),
     "k_quant_type": dict(extra_attrs={"k_quant_type": "PER_TENSOR", "v_quant_type": "PER_TENSOR"},
                          extra_inputs=("k_scale", "v_scale")),
     "q_norm_weight": dict(extra_inputs=("q_norm_weight", "k_norm_weight")),

@@ -63,6 +63,12 @@ OrtStatus* HinaEp::read_options(const OrtApi& api, const OrtSessionOptions* so, 
     }
     out->topology = std::move(topo);
   }
+
+  const std::string strict = option("strict", "HINAMOE_STRICT", "0", &source);
+  if (strict != "0" && strict != "1") {
+    return make_status(ORT_INVALID_ARGUMENT, "HinaMoE: " + source + " = '" + strict + "': expected 0 or 1");
+  }
+  out->strict = strict == "1";
   return nullptr;
   HINA_API_END
 }
@@ -84,6 +90,12 @@ void HinaEp::log(OrtLoggingLevel level, const std::string& msg) const {
   if (st != nullptr) factory_.api().ReleaseStatus(st);
 }
 
+std::string HinaEp::strict_refusal(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(refused_mu_);
+  auto it = refused_.find(name);
+  return it == refused_.end() ? std::string() : it->second;
+}
+
 const char* ORT_API_CALL HinaEp::GetNameImpl(const OrtEp*) noexcept { return kEpName; }
 
 OrtStatus* ORT_API_CALL HinaEp::GetCapabilityImpl(OrtEp* this_ptr, const OrtGraph* graph,
@@ -101,14 +113,21 @@ OrtStatus* ORT_API_CALL HinaEp::GetCapabilityImpl(OrtEp* this_ptr, const OrtGrap
     } else {
       continue;
     }
-    if (!why_not.empty()) {
-      ep->log(ORT_LOGGING_LEVEL_WARNING, "HinaMoE leaves node '" + node.GetName() + "' (" +
-                                             node.GetOperatorType() + ") to another EP: " + why_not);
-      continue;
-    }
     const OrtKernelDef* def = nullptr;
     HINA_RETURN_IF_ERROR(ep->factory_.ep_api().EpGraphSupportInfo_LookUpKernel(support, node, &def));
-    if (def == nullptr) continue;  // e.g. a type our registry does not list
+    if (why_not.empty() && def == nullptr) why_not = "no HinaMoE kernel is registered for its input types";
+    if (!why_not.empty()) {
+      const std::string msg = "HinaMoE leaves node '" + node.GetName() + "' (" + node.GetOperatorType() +
+                              ") to another EP: " + why_not;
+      if (!ep->options_.strict) {
+        ep->log(ORT_LOGGING_LEVEL_WARNING, msg);
+        continue;
+      }
+      const std::string refusal = "strict=1 refuses to leave it to another EP: " + why_not;
+      if (def == nullptr) return make_status(ORT_FAIL, msg + " (strict=1, but ORT only logs this)");
+      std::lock_guard<std::mutex> lock(ep->refused_mu_);
+      ep->refused_[node.GetName()] = refusal;
+    }
     HINA_RETURN_IF_ERROR(ep->factory_.ep_api().EpGraphSupportInfo_AddSingleNode(support, node));
   }
   return nullptr;

@@ -2,7 +2,9 @@
 // (which nodes we claim) and the kernel registry that runs them.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "kernels/numa/topology.h"
@@ -21,10 +23,14 @@ class HinaEp : public OrtEp {
     // From "numa": null when off; the kernels split work by node when it has
     // more than one. Shared by the kernels of the session.
     std::shared_ptr<const hinamoe::numa::Topology> topology;
+    // From "strict": a MoE / GroupQueryAttention node HinaMoE would leave to
+    // another EP fails session creation instead (no silent fallback).
+    bool strict = false;
   };
 
-  // Reads provider options (session config "ep.hinamoe.<key>": isa, numa)
-  // and the HINAMOE_ISA / HINAMOE_NUMA_TOPOLOGY environment variables; the
+  // Reads provider options (session config "ep.hinamoe.<key>": isa, numa,
+  // strict) and the HINAMOE_ISA / HINAMOE_NUMA_TOPOLOGY / HINAMOE_STRICT
+  // environment variables; the
   // provider option wins. An unknown value is an error, so a typo fails
   // session creation loudly.
   static OrtStatus* read_options(const OrtApi& api, const OrtSessionOptions* so, Options* out);
@@ -33,6 +39,11 @@ class HinaEp : public OrtEp {
 
   const Options& options() const { return options_; }
   void log(OrtLoggingLevel level, const std::string& msg) const;
+
+  // strict=1: why HinaMoE cannot run node `name`, "" when it can. GetCapability
+  // claims such nodes anyway (ORT only logs a GetCapability error and moves
+  // the graph to the CPU EP), so their kernel creation fails with this reason.
+  std::string strict_refusal(const std::string& name) const;
 
  private:
   static const char* ORT_API_CALL GetNameImpl(const OrtEp*) noexcept;
@@ -43,6 +54,8 @@ class HinaEp : public OrtEp {
   HinaEpFactory& factory_;
   Options options_;
   const OrtLogger& logger_;
+  mutable std::mutex refused_mu_;
+  std::map<std::string, std::string> refused_;  // node name -> reason (strict=1)
 };
 
 }  // namespace hinamoe_ep

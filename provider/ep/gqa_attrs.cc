@@ -30,8 +30,9 @@ AttrVerdict read_gqa_attrs(const AttrSource& src, GqaNodeAttrs* out, std::string
     *why = "causal=0 (bidirectional attention) is not implemented by HinaMoE";
     return AttrVerdict::Unsupported;
   }
-  if (src.get_int("sliding_window_cache").value_or(0) != 0) {
-    *why = "sliding_window_cache=1 (window-sized KV cache) is not implemented by HinaMoE";
+  const int64_t window_cache = src.get_int("sliding_window_cache").value_or(0);
+  if (window_cache != 0 && window_cache != 1) {
+    *why = "sliding_window_cache=" + std::to_string(window_cache) + " is neither 0 nor 1";
     return AttrVerdict::Unsupported;
   }
   if (src.get_int("qk_output").value_or(0) != 0) {
@@ -53,6 +54,12 @@ AttrVerdict read_gqa_attrs(const AttrSource& src, GqaNodeAttrs* out, std::string
   if (a.op.local_window_size == 0 || a.op.local_window_size < -1) {
     *why = "local_window_size=" + std::to_string(a.op.local_window_size) + " is neither -1 nor positive";
     return AttrVerdict::Unsupported;
+  }
+
+  a.op.sliding_window_cache = window_cache == 1;
+  if (a.op.sliding_window_cache && a.op.local_window_size <= 0) {
+    *why = "sliding_window_cache=1 needs local_window_size > 0, got " + std::to_string(a.op.local_window_size);
+    return AttrVerdict::Invalid;
   }
 
   const std::optional<int64_t> n = src.get_int("num_heads"), nkv = src.get_int("kv_num_heads");

@@ -91,6 +91,9 @@ OrtStatus* GqaKernel::compute(OrtKernelContext* context) const {
     if (shape[kPastValue] != ps) return bad_shape(kPastValue, shape_str(ps) + " (the shape of 'past_key')");
     past_cap = ps[2];
   }
+  if (attrs.op.sliding_window_cache && in[kPastKey] == nullptr) {
+    return error(kInputNames[kPastKey], "is required with sliding_window_cache=1 (its dim 2 is the window capacity)");
+  }
 
   if (shape[kSeqlensK] != std::vector<int64_t>{b}) return bad_shape(kSeqlensK, "[" + std::to_string(b) + "] (one entry per batch row)");
   if (in[kTotalSeq].GetTensorTypeAndShapeInfo().GetElementCount() != 1) {
@@ -106,7 +109,8 @@ OrtStatus* GqaKernel::compute(OrtKernelContext* context) const {
   gs.kv_num_heads = nkv;
   gs.head_dim = d;
   gs.past_capacity = past_cap;
-  gs.present_capacity = std::max(total, past_cap);
+  // A windowed cache keeps its capacity; a full one grows to the total length.
+  gs.present_capacity = attrs.op.sliding_window_cache ? past_cap : std::max(total, past_cap);
   gs.total_sequence_length = total;
 
   hinamoe::GqaTensors t;
@@ -204,11 +208,12 @@ OrtStatus* ORT_API_CALL create_gqa_kernel(void*, const OrtKernelInfo* info, OrtK
   auto kernel = std::make_unique<GqaKernel>();
   Ort::ConstKernelInfo ki{info};
   kernel->node_name = ki.GetNodeName();
-  std::string why;
-  if (read_gqa_attrs(kernel_info_attrs(info), &kernel->attrs, &why) != AttrVerdict::Ok) return kernel->error("", why);
-
   const OrtEp* ep = nullptr;
   HINA_RETURN_IF_ERROR(Ort::GetEpApi().KernelInfo_GetEp(info, &ep));
+  std::string why = static_cast<const HinaEp*>(ep)->strict_refusal(kernel->node_name);
+  if (!why.empty()) return kernel->error("", why);
+  if (read_gqa_attrs(kernel_info_attrs(info), &kernel->attrs, &why) != AttrVerdict::Ok) return kernel->error("", why);
+
   // The session's "isa" option names the GQA tier too.
   const std::string& isa = static_cast<const HinaEp*>(ep)->options().isa;
   kernel->tier = hinamoe::select_gqa_tier(isa, &why);

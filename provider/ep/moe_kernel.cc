@@ -129,8 +129,11 @@ OrtStatus* ORT_API_CALL create_moe_kernel(void*, const OrtKernelInfo* info, OrtK
   auto kernel = std::make_unique<MoEKernel>();
   Ort::ConstKernelInfo ki{info};
   kernel->node_name = ki.GetNodeName();
+  const OrtEp* ep = nullptr;
+  HINA_RETURN_IF_ERROR(Ort::GetEpApi().KernelInfo_GetEp(info, &ep));
+  std::string why = static_cast<const HinaEp*>(ep)->strict_refusal(kernel->node_name);
+  if (!why.empty()) return kernel->error("", why);
 
-  std::string why;
   if (read_moe_attrs(kernel_info_attrs(info), &kernel->attrs, &why) != AttrVerdict::Ok) return kernel->error("", why);
 
   // E is usually static in the graph: report k > E when the session is created.
@@ -142,8 +145,6 @@ OrtStatus* ORT_API_CALL create_moe_kernel(void*, const OrtKernelInfo* info, OrtK
     }
   }
 
-  const OrtEp* ep = nullptr;
-  HINA_RETURN_IF_ERROR(Ort::GetEpApi().KernelInfo_GetEp(info, &ep));
   const HinaEp::Options& options = static_cast<const HinaEp*>(ep)->options();
   kernel->tier = options.tier;
   kernel->topology = options.topology;

@@ -38,6 +38,28 @@ RowLengths row_lengths(const GqaShape& s, const GqaTensors& t, int64_t b) {
   return r;
 }
 
+// Rows a windowed cache of capacity C (window W) holds after T tokens (gqa.h).
+int64_t window_resident(int64_t T, int64_t C, int64_t W) {
+  if (T <= C) return T;
+  const int64_t G = C - W + 1;
+  return T - G * ((T - C + G - 1) / G);
+}
+
+// Where attention reads row b's keys with a windowed cache: cache rows hold
+// absolute positions from `base` on. When the final layout still holds every
+// key this step's queries see, the present buffer is compacted first and
+// read in place; otherwise (a multi-token step that evicts keys its first
+// queries need) the past rows and the new ones are staged in a scratch copy.
+struct WindowRows {
+  int64_t kept_past = 0;  // L(past): rows the past buffer holds
+  int64_t first = 0;      // position of present row 0 after the step: T - L(T)
+  int64_t fresh = 0;      // valid new tokens entering the cache
+  bool staged = false;
+  int64_t base = 0;          // position of row 0 of the rows attention reads
+  int64_t stage_rows = 0;    // staged: rows per KV head (kept_past + fresh)
+  int64_t stage_offset = 0;  // staged: element offset of row b's block
+};
+
 // Rotary position of token i of row b (gqa.h): ORT's first prompt takes one
 // base for all rows, later steps one position per token.
 int64_t rotary_position(const GqaShape& s, const GqaTensors& t, const RowLengths& r, int64_t b, int64_t i) {
@@ -102,9 +124,20 @@ std::string gqa_validate(const GqaShape& s, const GqaAttrs& a, const GqaTensors&
   if (!t.past_key && s.past_capacity != 0) return op + "past_capacity given without past_key";
   if (s.total_sequence_length <= 0)
     return op + "total_sequence_length must be positive, got " + num(s.total_sequence_length);
-  if (s.present_capacity != std::max(s.total_sequence_length, s.past_capacity))
+  if (a.sliding_window_cache) {
+    if (a.local_window_size <= 0)
+      return op + "sliding_window_cache=1 needs local_window_size > 0, got " + num(a.local_window_size);
+    if (!t.past_key) return op + "sliding_window_cache=1 needs past_key/past_value (dim 2 is the window capacity)";
+    if (s.past_capacity < a.local_window_size)
+      return op + "sliding_window_cache=1: past_key dim 2 (the window capacity, " + num(s.past_capacity) +
+             ") must be >= local_window_size (" + num(a.local_window_size) + ")";
+    if (s.present_capacity != s.past_capacity)
+      return op + "sliding_window_cache=1: present_key dim 2 must be past_key dim 2 (" + num(s.past_capacity) +
+             "), got " + num(s.present_capacity);
+  } else if (s.present_capacity != std::max(s.total_sequence_length, s.past_capacity)) {
     return op + "present_key dim 2 must be max(total_sequence_length, past_key dim 2) = " +
            num(std::max(s.total_sequence_length, s.past_capacity)) + ", got " + num(s.present_capacity);
+  }
   if (shared_k && s.past_capacity != s.present_capacity)
     return op + "a shared past/present buffer must have one capacity";
   if (a.local_window_size == 0) return op + "local_window_size 0 is not supported (use -1 for no window)";
@@ -121,6 +154,13 @@ std::string gqa_validate(const GqaShape& s, const GqaAttrs& a, const GqaTensors&
     if (r.past < 0)
       return op + "seqlens_k[" + num(b) + "] = " + num(sk) + " is shorter than the " + num(s.seq) +
              " new tokens";
+    if (a.sliding_window_cache) {
+      // As ORT: no padded first-prompt rows (only query_seqlens could mark them).
+      if (first && sk + 1 < s.seq)
+        return op + "seqlens_k[" + num(b) + "] = " + num(sk) + " is too small for sequence_length " + num(s.seq) +
+               " (sliding_window_cache=1 takes no right-padded prompt rows)";
+      continue;  // any lengths fit: the op evicts
+    }
     if (r.past + s.seq > s.present_capacity)
       return op + "seqlens_k[" + num(b) + "] = " + num(sk) + " puts the new tokens beyond the present buffer (" +
              num(s.present_capacity) + " rows)";
@@ -197,6 +237,34 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   std::vector<RowLengths> rows(B);
   for (int64_t b = 0; b < B; ++b) rows[b] = row_lengths(s, t, b);
   auto position = [&](int64_t b, int64_t i) { return rotary_position(s, t, rows[b], b, i); };
+  const int64_t W = a.local_window_size;
+
+  // Windowed cache: per row, the layouts before and after and where attention reads.
+  std::vector<WindowRows> win(a.sliding_window_cache ? B : 0);
+  int64_t stage_elems = 0;
+  for (int64_t b = 0; b < int64_t(win.size()); ++b) {
+    WindowRows& w = win[b];
+    const int64_t P = rows[b].past, T = rows[b].total;
+    w.kept_past = window_resident(P, s.past_capacity, W);
+    w.first = T - window_resident(T, cap, W);
+    w.fresh = T - P;
+    // The first query (position P) sees keys from P - W + 1 on.
+    w.staged = w.first > std::max<int64_t>(0, P - W + 1);
+    w.base = w.staged ? P - w.kept_past : w.first;
+    if (w.staged) {
+      w.stage_rows = w.kept_past + w.fresh;
+      w.stage_offset = stage_elems;
+      stage_elems += Nkv * w.stage_rows * d;
+    }
+  }
+  std::vector<uint8_t> stage_k(size_t(stage_elems) * es), stage_v(size_t(stage_elems) * es);
+  // The K/V rows attention reads for (b, h): row r holds position r + base.
+  auto kv_rows = [&](int64_t b, int64_t h, bool value) -> const uint8_t* {
+    if (!win.empty() && win[b].staged)
+      return (value ? stage_v : stage_k).data() + (win[b].stage_offset + h * win[b].stage_rows * d) * int64_t(es);
+    return at(value ? t.present_value : t.present_key, (b * Nkv + h) * cap * d);
+  };
+  auto row_base = [&](int64_t b) { return win.empty() ? int64_t(0) : win[b].base; };
 
   // 1. Per (b, KV head): the present rows (past rows for separate buffers,
   //    the new K rotated and V), and the G query heads rotated (rounded to T
@@ -209,27 +277,57 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
     const int64_t b = int64_t(item) / Nkv, h = int64_t(item) % Nkv;
     const int64_t base = (b * Nkv + h) * cap * d;
     const int64_t past = rows[b].past;
+    const int64_t past_off = (b * Nkv + h) * s.past_capacity * d;
+    const WindowRows* w = win.empty() ? nullptr : &win[b];
+    // Past rows to keep, as (first source row, count, first destination row).
+    int64_t keep_src = 0, keep_n = past, keep_dst = 0;
+    if (w != nullptr && !w->staged) {
+      keep_src = w->first - (past - w->kept_past);
+      keep_n = std::max<int64_t>(0, past - w->first);
+    }
     if (!shared) {
       std::memset(at_mut(t.present_key, base), 0, es * cap * d);
       std::memset(at_mut(t.present_value, base), 0, es * cap * d);
-      if (past > 0) {
-        const int64_t off = (b * Nkv + h) * s.past_capacity * d;
-        std::memcpy(at_mut(t.present_key, base), at(t.past_key, off), es * past * d);
-        std::memcpy(at_mut(t.present_value, base), at(t.past_value, off), es * past * d);
-      }
     }
+    // New K/V rows go to present (row past + i, or position - first when
+    // windowed), or to the stage.
+    void* new_k = t.present_key;
+    void* new_v = t.present_value;
+    int64_t new_row0 = base + (w != nullptr ? past - w->first : past) * d;
+    if (w != nullptr && w->staged) {
+      uint8_t* sk = stage_k.data() + (w->stage_offset + h * w->stage_rows * d) * int64_t(es);
+      uint8_t* sv = stage_v.data() + (w->stage_offset + h * w->stage_rows * d) * int64_t(es);
+      std::memcpy(sk, at(t.past_key, past_off), es * w->kept_past * d);
+      std::memcpy(sv, at(t.past_value, past_off), es * w->kept_past * d);
+      new_k = sk;
+      new_v = sv;
+      new_row0 = w->kept_past * d;
+    } else if (keep_n > 0 && !(shared && keep_src == keep_dst)) {
+      // memmove: a windowed shared buffer shifts its kept rows to row 0.
+      std::memmove(at_mut(t.present_key, base + keep_dst * d), at(t.past_key, past_off + keep_src * d), es * keep_n * d);
+      std::memmove(at_mut(t.present_value, base + keep_dst * d), at(t.past_value, past_off + keep_src * d),
+                   es * keep_n * d);
+    }
+    const int64_t n_new = w != nullptr ? w->fresh : S;
     std::vector<float> kr(static_cast<size_t>(d));
-    for (int64_t i = 0; i < S; ++i) {
-      const int64_t dst = base + (past + i) * d;
+    for (int64_t i = 0; i < n_new; ++i) {
+      const int64_t dst = new_row0 + i * d;
       const int64_t src_k = (b * S + i) * kv_tok + k_off + h * d, src_v = (b * S + i) * kv_tok + v_off + h * d;
-      std::memcpy(at_mut(t.present_value, dst), at(value, src_v), es * d);
+      std::memcpy(at_mut(new_v, dst), at(value, src_v), es * d);
       if (a.do_rotary) {
         for (int64_t j = 0; j < d; ++j) kr[j] = load_as_f32(key, src_k + j, dt);
         rotate(kr.data(), t.cos_cache, t.sin_cache, position(b, i), half, a.rotary_interleaved, dt);
-        for (int64_t j = 0; j < d; ++j) store_from_f32(t.present_key, dst + j, dt, kr[j]);
+        for (int64_t j = 0; j < d; ++j) store_from_f32(new_k, dst + j, dt, kr[j]);
       } else {
-        std::memcpy(at_mut(t.present_key, dst), at(key, src_k), es * d);
+        std::memcpy(at_mut(new_k, dst), at(key, src_k), es * d);
       }
+    }
+    if (w != nullptr && w->staged) {
+      // Present gets its final layout from the stage (the past rows it
+      // overwrites were staged above).
+      const int64_t from = w->first - (past - w->kept_past), n = rows[b].total - w->first;
+      std::memcpy(at_mut(t.present_key, base), static_cast<const uint8_t*>(new_k) + from * d * int64_t(es), es * n * d);
+      std::memcpy(at_mut(t.present_value, base), static_cast<const uint8_t*>(new_v) + from * d * int64_t(es), es * n * d);
     }
     for (int64_t g = 0; g < G; ++g) {
       const int64_t n = h * G + g;
@@ -271,11 +369,11 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   const int64_t tile_tok = std::max<int64_t>(1, kTileRows / G);
   const int64_t tiles = (S + tile_tok - 1) / tile_tok;
   const int64_t groups = B * Nkv * tiles;
-  const int64_t W = a.local_window_size;
+  // Keys row (b, i) sees, as rows of kv_rows(b, .): positions minus row_base(b).
   auto visible = [&](int64_t b, int64_t i, int64_t* lo, int64_t* hi) {
     const int64_t L = std::min(rows[b].past + i + 1, rows[b].total);
-    *hi = L;
-    *lo = (W > 0 && L > W) ? L - W : 0;
+    *hi = L - row_base(b);
+    *lo = ((W > 0 && L > W) ? L - W : 0) - row_base(b);
   };
   std::vector<int64_t> klo(groups), khi(groups), split_begin(groups + 1);
   const int64_t target = par.threads > 1 ? 4 * int64_t(par.threads) : 1;
@@ -380,15 +478,16 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
       visible(b, i, &sc.lo[r], &sc.hi[r]);
       if (bias) {
         const int64_t bb = t.bias_batch > 1 ? b : 0, bn = t.bias_heads > 1 ? n : 0;
-        sc.bias[r] = bias + ((bb * t.bias_heads + bn) * S + i) * t.bias_keys;
+        // Bias columns are absolute positions; the kernel indexes them by cache row.
+        sc.bias[r] = bias + ((bb * t.bias_heads + bn) * S + i) * t.bias_keys + row_base(b);
       }
     }
     GqaChunkArgs ca;
     ca.q = qbuf.data() + ((b * Nkv + h) * S + i0) * G * d;
     ca.rows = nrows;
     ca.d = d;
-    ca.k = at(t.present_key, (b * Nkv + h) * cap * d);
-    ca.v = at(t.present_value, (b * Nkv + h) * cap * d);
+    ca.k = kv_rows(b, h, false);
+    ca.v = kv_rows(b, h, true);
     ca.kv_stride = d;
     ca.lo = sc.lo.data();
     ca.hi = sc.hi.data();

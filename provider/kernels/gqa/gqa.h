@@ -49,6 +49,18 @@
 //     m = max(sink, max_k x_k).
 //   out[b, s, n, :] = sum_j p_j * V[j, :]. A query whose visible scores are
 //   all -inf (an attention_bias mask) gets 0, as in ORT.
+// * Windowed cache (sliding_window_cache=1, needs W = local_window_size > 0
+//   and past_*: their capacity C >= W, which is also present's capacity).
+//   The buffers hold only the newest positions: after a step with T = total_b
+//   tokens, rows [0, L(T)) hold positions T - L(T) .. T - 1 in order, with
+//     L(T) = T if T <= C, else T - G * ceil((T - C) / G),  G = C - W + 1
+//   (eviction frees G rows at once; L(T) >= min(T, W), so the window stays
+//   resident). The past holds L(past_b) rows the same way. Only the
+//   total_b - past_b valid tokens enter the cache (padding of a short first
+//   prompt row does not). Positions stay absolute everywhere else: rotary,
+//   the causal window and attention_bias columns (width still
+//   total_sequence_length). Rows [L(T), C) are left as they were (shared
+//   buffer) or zero (separate buffers).
 #pragma once
 
 #include <cstdint>
@@ -66,7 +78,8 @@ struct GqaShape {
   int64_t head_dim = 0;          // d
   int64_t past_capacity = 0;     // dim 2 of past_key/past_value; 0 without past
   int64_t present_capacity = 0;  // dim 2 of present_key/present_value
-                                 // (= max(total_sequence_length, past_capacity))
+                                 // (= max(total_sequence_length, past_capacity);
+                                 // = past_capacity with a windowed cache)
   int64_t total_sequence_length = 0;  // the scalar input (phase, bias width)
 };
 
@@ -78,6 +91,7 @@ struct GqaAttrs {
   bool do_rotary = false;
   bool rotary_interleaved = false;
   bool smooth_softmax = false;
+  bool sliding_window_cache = false;  // window-sized KV buffer ("Windowed cache" above)
 };
 
 // Element type of query/key/value/past/present/caches/bias/sink/output (the

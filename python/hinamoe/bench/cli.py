@@ -14,6 +14,7 @@ import sys
 # subcommand name -> module (relative to this package)
 SUBCOMMANDS = {
     "ffn": ".ffn",
+    "decode": ".decode",
     "gqa": ".gqa",
     "numa-plan": ".numa_plan",
 }

@@ -1,0 +1,194 @@
+"""onnxruntime-genai end to end: tiny random checkpoints built offline, turned
+into genai model folders by genai's own model builder (``-e cpu``, fp32 and,
+where it builds, int4 / int8), then greedy generation through
+onnxruntime_genai on HinaMoE (``hinamoe.genai``, strict: no MoE / GQA node may
+fall back) against the CPU EP: the same tokens, logits close, and ORT
+profiling showing where every MoE / QMoE / GroupQueryAttention node ran.
+
+Needs onnxruntime-genai and transformers 5 (the builder's); ``.ci/run`` builds
+that environment. Skipped where they are not installed."""
+
+from __future__ import annotations
+
+import glob
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+og = pytest.importorskip("onnxruntime_genai")
+transformers = pytest.importorskip("transformers")
+if int(transformers.__version__.split(".")[0]) < 5:
+    pytest.skip("onnxruntime-genai's model builder needs transformers 5", allow_module_level=True)
+
+import onnx  # noqa: E402
+
+import hinamoe.genai  # noqa: E402
+from hinamoe.models import hf_tiny  # noqa: E402
+
+ATTENTION_AND_EXPERTS = ("MoE", "QMoE", "GroupQueryAttention")
+NEW_TOKENS = 20
+# Both sides run the same float32 graph; only the summation order of the
+# HinaMoE nodes differs (errors ~1e-6 on logits of size ~10).
+ATOL, RTOL = 2e-4, 2e-4
+
+# (arch, precision) pairs the builder makes for the CPU (gpt-oss int4/int8
+# from the MXFP4 expert tensors the tiny checkpoint gets, as the released one has).
+CASES = [(a, p) for a in ("gpt_oss", "lfm2_moe") for p in ("fp32", "int4", "int8")]
+
+
+def hinamoe_ops() -> set[str]:
+    """Op types HinaMoE registers kernels for (QMoE joins once it has one)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as C
+
+    return {k.op_name for k in C.get_registered_ep_kernel_defs(hinamoe.get_ep_name())}
+
+
+@pytest.fixture(scope="module")
+def genai_models(tmp_path_factory):
+    """Builds each case's genai folder once per module: {(arch, precision): path}."""
+    root = tmp_path_factory.mktemp("genai")
+    built: dict = {}
+
+    def get(arch: str, precision: str) -> Path:
+        if (arch, precision) not in built:
+            ckpt = root / "hf" / arch
+            if not ckpt.exists():
+                hf_tiny.build(arch, ckpt, seed=1234, config=hf_tiny.GENAI_RECIPES[arch]())
+                if arch == "gpt_oss":
+                    hf_tiny.add_mxfp4_experts(ckpt)
+            out = root / f"{arch}-{precision}"
+            proc = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(ckpt),
+                                   "-o", str(out), "-e", "cpu", "-p", precision, "-c", str(root / "cache")],
+                                  capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0, f"builder failed for {arch} {precision}:\n{proc.stderr[-3000:]}"
+            built[(arch, precision)] = out
+        return built[(arch, precision)]
+
+    return get
+
+
+def cpu_model(path: Path):
+    cfg = og.Config(str(path))
+    cfg.clear_providers()  # no provider appended: genai runs the CPU EP
+    return og.Model(cfg)
+
+
+def greedy(model, prompt: np.ndarray, new_tokens: int):
+    """Greedy tokens and the logits of every step (prompt step's last row first)."""
+    params = og.GeneratorParams(model)
+    total = prompt.size + new_tokens
+    params.set_search_options(max_length=total, min_length=total, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(prompt[None, :].astype(np.int32))
+    tokens, logits = [], []
+    while not gen.is_done():
+        gen.generate_next_token()
+        logits.append(np.array(gen.get_output("logits"), dtype=np.float32)[0, -1].copy())
+        tokens.append(int(gen.get_next_tokens()[0]))
+    del gen
+    return tokens, logits
+
+
+def graph_nodes(path: Path) -> dict[str, str]:
+    """{node name: op type} of the MoE / QMoE / GQA nodes of a genai model."""
+    m = onnx.load(str(path / "model.onnx"), load_external_data=False)
+    return {n.name: n.op_type for n in m.graph.node if n.op_type in ATTENTION_AND_EXPERTS}
+
+
+@pytest.mark.parametrize("arch,precision", CASES, ids=[f"{a}-{p}" for a, p in CASES])
+def test_greedy_generation_matches_cpu_ep(arch, precision, genai_models, tmp_path, rng):
+    path = genai_models(arch, precision)
+    prompt = rng.integers(0, 256, size=int(rng.integers(7, 12)))  # byte tokens; > gpt-oss's window of 4
+    want_tokens, want_logits = greedy(cpu_model(path), prompt, NEW_TOKENS)
+
+    prefix = str(tmp_path / "hina")
+    model = hinamoe.genai.model(path, profile_prefix=prefix)
+    got_tokens, got_logits = greedy(model, prompt, NEW_TOKENS)
+    del model  # writes the profile
+
+    assert len(got_tokens) == NEW_TOKENS
+    assert got_tokens == want_tokens, f"{arch} {precision}: HinaMoE {got_tokens} vs CPU EP {want_tokens}"
+    for step, (g, w) in enumerate(zip(got_logits, want_logits)):
+        err = np.abs(g.astype(np.float64) - w)
+        assert np.all(err <= ATOL + RTOL * np.abs(w)), f"step {step}: logits max error {err.max():.3g}"
+
+    profiles = glob.glob(prefix + "*.json")
+    assert len(profiles) == 1, profiles
+    ran = hinamoe.genai.profile_providers(profiles[0])
+    ours = hinamoe_ops()
+    nodes = graph_nodes(path)
+    assert any(op == "GroupQueryAttention" for op in nodes.values()) and any(
+        op in ("MoE", "QMoE") for op in nodes.values()), nodes
+    for name, op in nodes.items():
+        assert name in ran, f"{op} node {name} never ran"
+        where = ran[name][1]
+        if op in ours:
+            assert where == "HinaMoE", f"{op} node {name} ran on {where}"
+        else:  # QMoE until HinaMoE registers a kernel for it
+            assert where == "CPUExecutionProvider", f"{op} node {name} ran on {where}"
+
+
+def test_gpt_oss_sliding_layers_are_windowed(genai_models):
+    """The builder's gpt-oss really has window-sized caches on HinaMoE's nodes."""
+    m = onnx.load(str(genai_models("gpt_oss", "fp32") / "model.onnx"), load_external_data=False)
+    windowed = [n for n in m.graph.node if n.op_type == "GroupQueryAttention"
+                and any(a.name == "sliding_window_cache" and a.i == 1 for a in n.attribute)]
+    assert windowed, "no GroupQueryAttention node with sliding_window_cache=1"
+
+
+def test_strict_refuses_a_node_hinamoe_cannot_run(genai_models, tmp_path):
+    """A MoE node with an attribute HinaMoE does not run fails model creation
+    under strict (the default), naming the node and the reason."""
+    src = genai_models("gpt_oss", "fp32")
+    dst = tmp_path / "model"
+    shutil.copytree(src, dst)
+    m = onnx.load(str(dst / "model.onnx"), load_external_data=False)
+    moe = next(n for n in m.graph.node if n.op_type == "MoE")
+    for a in moe.attribute:
+        if a.name == "use_sparse_mixer":
+            a.i = 1
+    onnx.save(m, str(dst / "model.onnx"))
+    with pytest.raises(RuntimeError) as ei:
+        hinamoe.genai.model(dst)
+    msg = str(ei.value)
+    assert moe.name in msg and "use_sparse_mixer" in msg and "strict=1" in msg, msg
+
+
+def test_helper_errors(genai_models, tmp_path):
+    path = genai_models("gpt_oss", "fp32")
+    with pytest.raises(ValueError, match="unknown HinaMoE option"):
+        hinamoe.genai.config(path, threads="2")
+    with pytest.raises(FileNotFoundError, match="genai_config.json"):
+        hinamoe.genai.config(tmp_path)
+    with pytest.raises(RuntimeError, match="sse9000"):
+        hinamoe.genai.model(path, isa="sse9000")
+    hinamoe.genai.register()  # again: a no-op
+    assert hinamoe.genai.model(path, isa="ref") is not None
+
+
+def test_hina_bench_decode(genai_models, tmp_path):
+    """hina-bench decode on a tiny model: a short run, the JSON and the plot
+    (speed itself is for the benchmark, not checked here)."""
+    pytest.importorskip("matplotlib")
+    from hinamoe.bench.cli import main
+
+    out, plot = tmp_path / "decode.json", tmp_path / "decode.png"
+    assert main(["decode", str(genai_models("gpt_oss", "fp32")), "--prompt", "9", "--new-tokens", "5",
+                 "--rounds", "2", "--threads", "1", "--json", str(out), "--plot", str(plot)]) == 0
+    res = json.loads(out.read_text())
+    assert res["same_tokens"] is True and plot.stat().st_size > 0
+    for ep in ("HinaMoE", "CPU"):
+        r = res["eps"][ep]
+        assert len(r["rounds"]) == 2 and all(len(x["decode_ms"]) == 4 for x in r["rounds"])
+        s = r["summary"]
+        assert 0 < s["decode_ms_p10"] <= s["decode_ms_median"] <= s["decode_ms_p90"]
+        assert s["decode_tokens_per_s"] == pytest.approx(1000.0 / s["decode_ms_median"])
+        ops = r["ops"]
+        assert ops["decode_ms_per_token"]["MoE/QMoE"] > 0 and ops["prefill_ms"]["GroupQueryAttention"] > 0
+        want = "HinaMoE" if ep == "HinaMoE" else "CPUExecutionProvider"
+        assert ops["providers"]["MoE/QMoE"] == [want] and ops["providers"]["GroupQueryAttention"] == [want]
