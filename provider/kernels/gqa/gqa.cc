@@ -13,12 +13,14 @@
 
 #include "dtype.h"
 #include "gqa/gqa_amx.h"
+#include "gqa/gqa_exact.h"
 #include "tier.h"
 
 namespace hinamoe {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNegInf = -kInf;
 constexpr int64_t kTileRows = 64;      // query rows (heads x tokens) per work item, at most
 constexpr int64_t kPieceKeys = 128;    // keys per chunk-kernel call (scores stay in L1/L2)
 constexpr int64_t kMinSplitKeys = 256; // a key range is split across items only above this
@@ -60,6 +62,20 @@ void rotate(float* x, const void* cos_c, const void* sin_c, int64_t pos, int64_t
 // x rounded to the op's element type (f16 or bf16, round to nearest even).
 float round_to(float x, DType dt) {
   return dt == DType::F16 ? f16_to_f32(f32_to_f16(x)) : bf16_to_f32(f32_to_bf16(x));
+}
+
+// Whether n elements of type dt at p are all finite (exponent bits not all ones).
+bool all_finite(const void* p, int64_t n, DType dt) {
+  bool ok = true;
+  if (dt == DType::F32) {
+    const uint32_t* u = static_cast<const uint32_t*>(p);
+    for (int64_t i = 0; i < n; ++i) ok &= (u[i] & 0x7f800000u) != 0x7f800000u;
+  } else {
+    const uint16_t* u = static_cast<const uint16_t*>(p);
+    const uint16_t e = dt == DType::F16 ? 0x7c00 : 0x7f80;
+    for (int64_t i = 0; i < n; ++i) ok &= (u[i] & e) != e;
+  }
+  return ok;
 }
 
 // Per-thread buffers of the attention items (grow once, reused).
@@ -131,6 +147,13 @@ std::string gqa_validate(const GqaShape& s, const GqaAttrs& a, const GqaTensors&
       return op + "seqlens_k[" + num(b) + "] = " + num(sk) + " asks for " + num(r.past) +
              " past tokens but past_key holds " + num(s.past_capacity);
   }
+  // ORT's rule for the past buffer (shared or not, first prompt too): its
+  // capacity plus the new tokens is the total (a cache that grows), or it
+  // already holds the total (a preallocated cache).
+  if (s.total_sequence_length != s.past_capacity + s.seq && s.total_sequence_length > s.past_capacity)
+    return op + "total_sequence_length (" + num(s.total_sequence_length) + ") must equal past_key dim 2 (" +
+           num(s.past_capacity) + ") + sequence_length (" + num(s.seq) +
+           ") for a dynamic cache, or be no greater than past_key dim 2 for a static cache";
   if (a.do_rotary) {
     if (!t.cos_cache || !t.sin_cache) return op + "do_rotary needs cos_cache and sin_cache";
     if (s.head_dim % 16 != 0) return op + "rotary needs head_size to be a multiple of 16, got " + num(s.head_dim);
@@ -204,6 +227,10 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   //    tile of tokens of one KV head is one block of rows. A decode step's
   //    few KB run on the calling thread: a pool dispatch would cost more.
   std::vector<float> qbuf(size_t(B * N * S * d));
+  // Per (b, KV head): the last new V row (< total_b) holding a non-finite
+  // value, or -1. A prompt's earlier tokens do not see it, but ORT's P.V
+  // multiplies it by their weight 0 (NaN); those rows take the exact path.
+  std::vector<int64_t> v_bad(size_t(B * Nkv), -1);
   const bool small_prep = shared && B * S * (N + 2 * Nkv) * d <= (int64_t(1) << 16);
   (small_prep ? serial() : par).for_each(size_t(B * Nkv), [&](size_t item) {
     const int64_t b = int64_t(item) / Nkv, h = int64_t(item) % Nkv;
@@ -223,6 +250,7 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
       const int64_t dst = base + (past + i) * d;
       const int64_t src_k = (b * S + i) * kv_tok + k_off + h * d, src_v = (b * S + i) * kv_tok + v_off + h * d;
       std::memcpy(at_mut(t.present_value, dst), at(value, src_v), es * d);
+      if (S > 1 && past + i < rows[b].total && !all_finite(at(value, src_v), d, dt)) v_bad[item] = past + i;
       if (a.do_rotary) {
         for (int64_t j = 0; j < d; ++j) kr[j] = load_as_f32(key, src_k + j, dt);
         rotate(kr.data(), t.cos_cache, t.sin_cache, position(b, i), half, a.rotary_interleaved, dt);
@@ -302,25 +330,58 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   std::vector<float> partial(items > groups ? size_t(items * state_floats) : 0);
 
   // Row r of a tile = token i0 + r / G, head h*G + r % G.
+  auto bias_row = [&](int64_t b, int64_t n, int64_t i) {
+    const int64_t bb = t.bias_batch > 1 ? b : 0, bn = t.bias_heads > 1 ? n : 0;
+    return bias + ((bb * t.bias_heads + bn) * S + i) * t.bias_keys;
+  };
   const bool use_sink = t.head_sink != nullptr || a.smooth_softmax;
+  // A row leaves the fast path when its state is not that of finite scores
+  // over >= 1 visible key with finite sums (gqa_exact.h says which cases):
+  // m NaN (a kernel saw a NaN or +inf score) or -inf (all masked), l or acc
+  // not finite, a NaN or +inf sink, or a non-finite hidden V row of a prompt.
   auto finalize = [&](int64_t b, int64_t h, int64_t i0, int64_t nrows, const float* m, const float* l,
                       const float* acc) {
     for (int64_t r = 0; r < nrows; ++r) {
       const int64_t i = i0 + r / G, n = h * G + r % G;
       const int64_t o = ((b * S + i) * N + n) * d;
-      float mm = m[r], scale_acc = 1.0f, denom = l[r];
+      const float* ar = acc + r * d;
+      int64_t lo, hi;
+      visible(b, i, &lo, &hi);
+      const float sk = sink ? sink[n] : 0.0f;
+      bool exact = !std::isfinite(m[r]) || !std::isfinite(l[r]) || (use_sink && !(sk < kInf)) ||
+                   v_bad[size_t(b * Nkv + h)] >= hi;
+      for (int64_t j = 0; j < d; ++j) exact |= !(std::fabs(ar[j]) <= std::numeric_limits<float>::max());
+      float* of = static_cast<float*>(t.output) + o;  // only dereferenced for float32
+      if (exact) {
+        GqaExactRow er;
+        er.q = qbuf.data() + (((b * Nkv + h) * S + i) * G + r % G) * d;
+        er.d = d;
+        er.k = at(t.present_key, (b * Nkv + h) * cap * d);
+        er.v = at(t.present_value, (b * Nkv + h) * cap * d);
+        er.dt = dt;
+        er.lo = lo;
+        er.hi = hi;
+        er.total = rows[b].total;
+        if (bias) er.bias = bias_row(b, n, i);
+        er.softcap = a.softcap;
+        er.has_sink = use_sink;
+        er.sink = sk;
+        std::vector<float> ex(static_cast<size_t>(d));
+        gqa_exact_row(er, ex.data());
+        for (int64_t j = 0; j < d; ++j) store_from_f32(t.output, o + j, dt, ex[size_t(j)]);
+        continue;
+      }
+      float scale_acc = 1.0f, denom = l[r];
       if (use_sink) {
-        const float sk = sink ? sink[n] : 0.0f;
-        const float M = std::max(mm, sk);
-        scale_acc = mm == kNegInf ? 0.0f : std::exp(mm - M);
+        const float M = std::max(m[r], sk);
+        scale_acc = std::exp(m[r] - M);
         denom = l[r] * scale_acc + std::exp(sk - M);
       }
-      const float f = denom > 0.0f ? scale_acc / denom : 0.0f;
+      const float f = scale_acc / denom;
       if (dt == DType::F32) {
-        float* of = static_cast<float*>(t.output) + o;
-        for (int64_t j = 0; j < d; ++j) of[j] = acc[r * d + j] * f;
+        for (int64_t j = 0; j < d; ++j) of[j] = ar[j] * f;
       } else {
-        for (int64_t j = 0; j < d; ++j) store_from_f32(t.output, o + j, dt, acc[r * d + j] * f);
+        for (int64_t j = 0; j < d; ++j) store_from_f32(t.output, o + j, dt, ar[j] * f);
       }
     }
   };
@@ -340,6 +401,10 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
       const float* st = partial.data() + (split_begin[gi] + p) * state_floats;
       for (int64_t r = 0; r < nrows; ++r) {
         const float mp = st[r];
+        if (std::isnan(mp) || std::isnan(sc.m[r])) {  // a NaN / +inf score: the row goes exact
+          sc.m[r] = std::numeric_limits<float>::quiet_NaN();
+          continue;
+        }
         if (mp == kNegInf) continue;
         const float M = std::max(sc.m[r], mp);
         const float fo = sc.m[r] == kNegInf ? 0.0f : std::exp(sc.m[r] - M), fp = std::exp(mp - M);
@@ -378,10 +443,7 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
     for (int64_t r = 0; r < nrows; ++r) {
       const int64_t i = i0 + r / G, n = h * G + r % G;
       visible(b, i, &sc.lo[r], &sc.hi[r]);
-      if (bias) {
-        const int64_t bb = t.bias_batch > 1 ? b : 0, bn = t.bias_heads > 1 ? n : 0;
-        sc.bias[r] = bias + ((bb * t.bias_heads + bn) * S + i) * t.bias_keys;
-      }
+      if (bias) sc.bias[r] = bias_row(b, n, i);
     }
     GqaChunkArgs ca;
     ca.q = qbuf.data() + ((b * Nkv + h) * S + i0) * G * d;
