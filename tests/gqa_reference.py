@@ -18,8 +18,9 @@ or +inf score or sink gives NaN); a query whose visible scores are all -inf
 with no sink gets weight 0 on every key in float32 and NaN in float16 (ORT's
 half kernel) and bfloat16 (HinaMoE's choice, as for float16); ORT's P.V runs
 over keys [0, total_b) with weight 0 on hidden ones, so a NaN/Inf V element
-of a later prompt token gives NaN in its column (0 x Inf). Keys before a
-local window are not read (ORT multiplies them by 0 too; HinaMoE differs).
+of a later prompt token, or of a row this step wrote before the window,
+gives NaN in its column (0 x Inf). Cached rows before a local window are not
+read (ORT multiplies them by 0 too; HinaMoE differs).
 """
 
 from __future__ import annotations
@@ -135,9 +136,10 @@ def gqa_reference(cfg, step, past_key=None, past_value=None, shared: bool = Fals
                         den = e.sum() + (np.exp(sink - m) if sink is not None else 0.0)
                         w = e / den
                     o = w @ pv[b, h // g, lo:lim]
-                    # hidden later keys of a prompt: weight 0, only 0 x Inf/NaN shows
-                    hidden = pv[b, h // g, lim:total_b]
-                    o[~np.isfinite(hidden).all(axis=0)] = np.nan
+                    # hidden keys (later keys of a prompt, this step's rows
+                    # before the window): weight 0, only 0 x Inf/NaN shows
+                    for hidden in (pv[b, h // g, lim:total_b], pv[b, h // g, past_b:lo]):
+                        o[~np.isfinite(hidden).all(axis=0)] = np.nan
                 out[b, s, h] = o
     return out.reshape(bsz, s_len, n * d), pk, pv, valid
 

@@ -217,6 +217,7 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   const int64_t kv_tok = packed ? q_tok : Nkv * d;
   const int64_t half = t.rotary_half;
 
+  const int64_t W = a.local_window_size;
   std::vector<RowLengths> rows(B);
   for (int64_t b = 0; b < B; ++b) rows[b] = row_lengths(s, t, b);
   auto position = [&](int64_t b, int64_t i) { return rotary_position(s, t, rows[b], b, i); };
@@ -227,10 +228,11 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   //    tile of tokens of one KV head is one block of rows. A decode step's
   //    few KB run on the calling thread: a pool dispatch would cost more.
   std::vector<float> qbuf(size_t(B * N * S * d));
-  // Per (b, KV head): the last new V row (< total_b) holding a non-finite
-  // value, or -1. A prompt's earlier tokens do not see it, but ORT's P.V
-  // multiplies it by their weight 0 (NaN); those rows take the exact path.
-  std::vector<int64_t> v_bad(size_t(B * Nkv), -1);
+  // Per (b, KV head): the first and last new V rows (< total_b) holding a
+  // non-finite value, or -1. A query token that does not see one (later
+  // tokens of a prompt, keys before its window) still gets it times weight 0
+  // in ORT's P.V (NaN); such rows take the exact path.
+  std::vector<int64_t> v_bad_first(size_t(B * Nkv), -1), v_bad_last(size_t(B * Nkv), -1);
   const bool small_prep = shared && B * S * (N + 2 * Nkv) * d <= (int64_t(1) << 16);
   (small_prep ? serial() : par).for_each(size_t(B * Nkv), [&](size_t item) {
     const int64_t b = int64_t(item) / Nkv, h = int64_t(item) % Nkv;
@@ -250,7 +252,10 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
       const int64_t dst = base + (past + i) * d;
       const int64_t src_k = (b * S + i) * kv_tok + k_off + h * d, src_v = (b * S + i) * kv_tok + v_off + h * d;
       std::memcpy(at_mut(t.present_value, dst), at(value, src_v), es * d);
-      if (S > 1 && past + i < rows[b].total && !all_finite(at(value, src_v), d, dt)) v_bad[item] = past + i;
+      if (S > 1 && past + i < rows[b].total && !all_finite(at(value, src_v), d, dt)) {
+        if (v_bad_first[item] < 0) v_bad_first[item] = past + i;
+        v_bad_last[item] = past + i;
+      }
       if (a.do_rotary) {
         for (int64_t j = 0; j < d; ++j) kr[j] = load_as_f32(key, src_k + j, dt);
         rotate(kr.data(), t.cos_cache, t.sin_cache, position(b, i), half, a.rotary_interleaved, dt);
@@ -299,7 +304,6 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   const int64_t tile_tok = std::max<int64_t>(1, kTileRows / G);
   const int64_t tiles = (S + tile_tok - 1) / tile_tok;
   const int64_t groups = B * Nkv * tiles;
-  const int64_t W = a.local_window_size;
   auto visible = [&](int64_t b, int64_t i, int64_t* lo, int64_t* hi) {
     const int64_t L = std::min(rows[b].past + i + 1, rows[b].total);
     *hi = L;
@@ -348,8 +352,9 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
       int64_t lo, hi;
       visible(b, i, &lo, &hi);
       const float sk = sink ? sink[n] : 0.0f;
+      const size_t bh = size_t(b * Nkv + h);
       bool exact = !std::isfinite(m[r]) || !std::isfinite(l[r]) || (use_sink && !(sk < kInf)) ||
-                   v_bad[size_t(b * Nkv + h)] >= hi;
+                   v_bad_last[bh] >= hi || (v_bad_first[bh] >= 0 && v_bad_first[bh] < lo);
       for (int64_t j = 0; j < d; ++j) exact |= !(std::fabs(ar[j]) <= std::numeric_limits<float>::max());
       float* of = static_cast<float*>(t.output) + o;  // only dereferenced for float32
       if (exact) {
@@ -362,6 +367,7 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
         er.lo = lo;
         er.hi = hi;
         er.total = rows[b].total;
+        er.fresh = rows[b].past;
         if (bias) er.bias = bias_row(b, n, i);
         er.softcap = a.softcap;
         er.has_sink = use_sink;

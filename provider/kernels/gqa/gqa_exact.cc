@@ -45,7 +45,11 @@ void gqa_exact_row(const GqaExactRow& r, float* out) {
     const float p = x[size_t(j - r.lo)] * inv;
     for (int64_t c = 0; c < d; ++c) out[c] += p * load_as_f32(r.v, j * d + c, r.dt);
   }
-  // Later keys of a prompt: weight 0 in ORT's P.V, so only their non-finite values show.
+  // Hidden keys: weight 0 in ORT's P.V, so only their non-finite values
+  // show: later keys of a prompt, and this step's rows before the window.
+  for (int64_t j = r.fresh; j < r.lo; ++j)
+    for (int64_t c = 0; c < d; ++c)
+      if (!std::isfinite(load_as_f32(r.v, j * d + c, r.dt))) out[c] = nan;
   for (int64_t j = r.hi; j < r.total; ++j)
     for (int64_t c = 0; c < d; ++c)
       if (!std::isfinite(load_as_f32(r.v, j * d + c, r.dt))) out[c] = nan;

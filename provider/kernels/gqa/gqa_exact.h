@@ -20,6 +20,7 @@ struct GqaExactRow {
   DType dt = DType::F32;
   int64_t lo = 0, hi = 0;  // visible keys [lo, hi)
   int64_t total = 0;       // total_b: ORT's P.V runs over keys [0, total) with P = 0 where hidden
+  int64_t fresh = 0;       // past_b: the first row this step wrote
   const float* bias = nullptr;  // the row's attention_bias by key position, or null
   float softcap = 0.0f;
   bool has_sink = false;
@@ -33,9 +34,11 @@ struct GqaExactRow {
 //   softmax), NaN for float16 and bfloat16 (ORT's half kernel; bfloat16
 //   follows the other 16-bit type);
 // * hidden keys weigh 0, and 0 x Inf / 0 x NaN is NaN: a non-finite V
-//   element among keys [hi, total) (later tokens of a prompt) or among the
-//   visible keys gives NaN in its column. Keys before a local window are
-//   never read (ORT multiplies them by 0 too; HinaMoE does not look).
+//   element among the visible keys, keys [hi, total) (later tokens of a
+//   prompt) or the rows this step wrote before the row's local window gives
+//   NaN in its column. Cached rows (from earlier steps) before a local
+//   window are never read: ORT multiplies them by 0 too, HinaMoE does not
+//   look (it would cost a pass over the whole cache per step).
 void gqa_exact_row(const GqaExactRow& r, float* out);
 
 }  // namespace hinamoe
