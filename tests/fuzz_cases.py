@@ -256,6 +256,10 @@ def run_gqa_case(c) -> str:
 
     got, err = _run(lambda: run_on(hina_session(model, isa=c["isa"], threads=c["threads"],
                                                 extra_options=_session_options(c))))
+    if not c["lens"]:  # an empty batch: ORT 1.32's CPU EP dies of SIGFPE there (integer division by 0)
+        assert err is None, f"{what}: an empty batch refused: {err}"
+        assert got.size == 0 and got.shape[0] == 0, f"{what}: output {got.shape} for an empty batch"
+        return "ok (empty)"
     cpu_runs = cfg.dtype != "bfloat16"
     if cpu_runs:
         want, cpu_err = _run(lambda: run_on(cpu_session(model, threads=c["threads"])))
@@ -293,7 +297,10 @@ def run_gqa_case(c) -> str:
     tame = not c["specials"] and c["magnitude"] <= 1.0
     if tame:
         gqa_check_close(g, ref, what + " vs float64 reference", valid, cfg.dtype)
-    elif cfg.dtype != "float16" and not any(k in ("max", "-max") for _, k, _ in c["specials"]):
+    elif cfg.dtype != "float16" and not any(k in ("max", "-max") or (n.endswith("value") and "inf" in k)
+                                            for n, k, _ in c["specials"]):
+        # (not with Inf in V: a weight that underflows to 0 in float32 but not
+        # in float64 turns Inf into NaN in one and not the other)
         # the NaN/Inf positions as the float64 reference defines them (f16
         # rounds rotated Q/K and overflows where float64 does not)
         check_same_nonfinite(np.where(np.isfinite(g), 0, g)[valid], np.where(np.isfinite(ref), 0, ref)[valid],
