@@ -133,16 +133,17 @@ def _gqa_config(c) -> GQAConfig:
     return GQAConfig(**{k: c[k] for k in keys if k in c})
 
 
-def _poke(rng, arr, kind, count, dtype, qk=False):
+def _poke(rng, arr, kind, count, dtype, summed=False):
     """Set ``count`` random elements of ``arr`` (in place) to a special value.
-    ``qk``: a query/key tensor. There float32/bfloat16 "max" is 1e36: near
-    FLT_MAX, whether q.k overflows depends on the order of the sum (every
+    ``summed``: Q, K or V, whose elements enter sums (q.k, p.V). There
+    float32/bfloat16 "max" is 1e36: near FLT_MAX whether a sum overflows
+    depends on its order and on where the softmax is normalised (every
     kernel's differs), and HinaMoE scores (scale*q).k where ORT computes
     scale*(q.k) (a documented difference)."""
     if arr is None or arr.size == 0:
         return
     value = _special(kind, dtype)
-    if qk and dtype != "float16" and kind in ("max", "-max"):
+    if summed and dtype != "float16" and kind in ("max", "-max"):
         value = np.copysign(1e36, value)
     flat = arr.reshape(-1)
     for i in rng.integers(0, flat.size, size=count):
@@ -196,9 +197,10 @@ def _gqa_inputs(c, cfg, rng):
             # only rows that hold past tokens (a shared buffer's unused rows stay NaN)
             for r, n in enumerate(past_lens):
                 if n:
-                    _poke(rng, arr[r, :, :n], kind, count, cfg.dtype, qk=name == "past_key")
+                    _poke(rng, arr[r, :, :n], kind, count, cfg.dtype, summed=True)
         else:
-            _poke(rng, getattr(step, name), kind, count, cfg.dtype, qk=name in ("query", "key"))
+            _poke(rng, getattr(step, name), kind, count, cfg.dtype,
+                  summed=name in ("query", "key", "value"))
     # A local window: cached rows before it are never read (a documented
     # difference from ORT, which multiplies them by 0): no non-finite V there.
     if cfg.local_window_size > 0 and past is not None:
@@ -257,6 +259,9 @@ def run_gqa_case(c) -> str:
     got, err = _run(lambda: run_on(hina_session(model, isa=c["isa"], threads=c["threads"],
                                                 extra_options=_session_options(c))))
     if not c["lens"]:  # an empty batch: ORT 1.32's CPU EP dies of SIGFPE there (integer division by 0)
+        if err is not None and malformed:
+            assert "GroupQueryAttention" in err, f"{what}: error without the op's name: {err}"
+            return "refused: " + err[-160:]
         assert err is None, f"{what}: an empty batch refused: {err}"
         assert got.size == 0 and got.shape[0] == 0, f"{what}: output {got.shape} for an empty batch"
         return "ok (empty)"
@@ -283,6 +288,13 @@ def run_gqa_case(c) -> str:
     if got.size == 0:
         assert want.size == 0
         return "ok (empty)"
+    # Tolerances grow with the softmax's sharpness: a score's rounding error
+    # scales with scale * |q| * |k| * sqrt(d) (1 for unit inputs at the
+    # default scale), and 16-bit rotary rounds the rotated Q and K.
+    alpha = cfg.scale or 1.0 / np.sqrt(cfg.head_dim)
+    factor = max(1.0, alpha * np.sqrt(cfg.head_dim) * c["magnitude"] ** 2)
+    if cfg.do_rotary and cfg.dtype != "float32":
+        factor *= 2
     g = got.astype(np.float64).reshape(ref.shape[0], ref.shape[1], -1)
     w = want.astype(np.float64).reshape(g.shape)
     if cfg.dtype == "float32":
@@ -291,12 +303,13 @@ def run_gqa_case(c) -> str:
         # HinaMoE NaN; the rest matches, and the float64 reference decides the NaNs.
         assert not (np.isnan(w) & ~np.isnan(g))[valid].any(), f"{what}: a CPU EP NaN is not NaN on HinaMoE"
         keep = valid[..., None] & ~np.isnan(g)
-        check_same_nonfinite(g[keep], w[keep], what + " vs CPU EP", dtype=cfg.dtype)
+        check_same_nonfinite(g[keep], w[keep], what + " vs CPU EP", dtype=cfg.dtype, factor=factor)
     else:
-        check_same_nonfinite(g, w, what + (" vs CPU EP" if cpu_runs else " vs ref"), valid, dtype=cfg.dtype)
+        check_same_nonfinite(g, w, what + (" vs CPU EP" if cpu_runs else " vs ref"), valid, dtype=cfg.dtype,
+                             factor=factor)
     tame = not c["specials"] and c["magnitude"] <= 1.0
     if tame:
-        gqa_check_close(g, ref, what + " vs float64 reference", valid, cfg.dtype)
+        gqa_check_close(g, ref, what + " vs float64 reference", valid, cfg.dtype, factor=factor)
     elif cfg.dtype != "float16" and not any(k in ("max", "-max") or (n.endswith("value") and "inf" in k)
                                             for n, k, _ in c["specials"]):
         # (not with Inf in V: a weight that underflows to 0 in float32 but not

@@ -136,7 +136,8 @@ def run_batch(cases: list[dict], workdir: Path, case_timeout: float = 60.0) -> t
 
 
 def format_failures(failures: list[dict], limit: int = 10) -> str:
-    out = []
+    """Every failure's replay command; the first ``limit`` with the details."""
+    out = ["replay commands:"] + [f"  {f['replay']}" for f in failures] + [""]
     for f in failures[:limit]:
         out.append(f"{f['what']}\n  replay: {f['replay']}")
     if len(failures) > limit:
