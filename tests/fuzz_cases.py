@@ -126,6 +126,11 @@ def _gqa_has(c, name: str) -> bool:
     return True
 
 
+def _touches_v(c, name: str) -> bool:
+    """Whether specials poked into ``name`` can land in V (packed QKV: query)."""
+    return name.endswith("value") or (name == "query" and c["packed"])
+
+
 def _gqa_config(c) -> GQAConfig:
     keys = ("num_heads", "kv_num_heads", "head_dim", "dtype", "packed", "do_rotary", "rotary_interleaved",
             "rotary_dim", "position_ids", "attention_bias", "bias_broadcast_batch", "bias_broadcast_heads",
@@ -297,10 +302,17 @@ def run_gqa_case(c) -> str:
         factor *= 2
     g = got.astype(np.float64).reshape(ref.shape[0], ref.shape[1], -1)
     w = want.astype(np.float64).reshape(g.shape)
+    if any(k in ("max", "-max") for n, k, _ in c["specials"] if _touches_v(c, n)):
+        factor *= 1e36  # V terms of 1e36 cancel: only the non-finite positions are comparable
     if cfg.dtype == "float32":
         # ORT's MLAS float softmax drops a NaN score at some positions of a row
         # (see test_gqa_nonfinite.check_vs_cpu_ep): every CPU EP NaN must be a
         # HinaMoE NaN; the rest matches, and the float64 reference decides the NaNs.
+        # A row whose keys are all masked is 0 in ORT's float kernel, except
+        # on some paths (seen with a local window of 1) where it is NaN:
+        # HinaMoE gives 0 (the float64 reference's weight-0 row).
+        masked_row = np.isnan(w) & (g == 0) & (ref == 0)
+        w = np.where(masked_row, 0.0, w)
         assert not (np.isnan(w) & ~np.isnan(g))[valid].any(), f"{what}: a CPU EP NaN is not NaN on HinaMoE"
         keep = valid[..., None] & ~np.isnan(g)
         check_same_nonfinite(g[keep], w[keep], what + " vs CPU EP", dtype=cfg.dtype, factor=factor)
@@ -310,7 +322,7 @@ def run_gqa_case(c) -> str:
     tame = not c["specials"] and c["magnitude"] <= 1.0
     if tame:
         gqa_check_close(g, ref, what + " vs float64 reference", valid, cfg.dtype, factor=factor)
-    elif cfg.dtype != "float16" and not any(k in ("max", "-max") or (n.endswith("value") and "inf" in k)
+    elif cfg.dtype != "float16" and not any(k in ("max", "-max") or (_touches_v(c, n) and "inf" in k)
                                             for n, k, _ in c["specials"]):
         # (not with Inf in V: a weight that underflows to 0 in float32 but not
         # in float64 turns Inf into NaN in one and not the other)
@@ -380,10 +392,13 @@ def run_moe_case(c) -> str:
         return "refused: " + err[-120:]
     assert err is None, f"{what}: HinaMoE refused: {err}"
     ref = reference_for(cfg, x, lg, w)
-    moe_check_close(got, ref, cfg.dtype, what + " vs float64 reference")
+    # large inputs: intermediates of ~1e3 (clamped by swiglu_limit) carry
+    # their rounding into small outputs
+    factor = 8.0 if kind == "large_x" else 1.0
+    moe_check_close(got, ref, cfg.dtype, what + " vs float64 reference", factor)
     if _cpu_ep_runs_moe(cfg) and kind != "huge_logits":
         oc = run_moe(cpu_session(model, threads=c["threads"]), x, lg, feeds)
-        moe_check_close(got, oc.astype(np.float64), cfg.dtype, what + " vs CPU EP", factor=2.0)
+        moe_check_close(got, oc.astype(np.float64), cfg.dtype, what + " vs CPU EP", factor=2.0 * factor)
     return "ok"
 
 

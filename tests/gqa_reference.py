@@ -128,7 +128,7 @@ def gqa_reference(cfg, step, past_key=None, past_value=None, shared: bool = Fals
                 with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
                     m = np.max(x)
                     if sink is not None:
-                        m = np.fmax(m, sink) if not np.isnan(sink) else np.nan
+                        m = np.maximum(m, sink)  # NaN in either stays NaN
                     if m == -np.inf and cfg.dtype == "float32":
                         w = np.zeros_like(x)  # all masked: ORT's float softmax gives weight 0
                     else:

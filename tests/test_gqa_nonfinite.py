@@ -64,6 +64,11 @@ def _case(name, dtype, rng):
         step, past = _decode(cfg, rng)
         step.attention_bias[0, :, 0, 2] = -np.inf
         past.value[0, 0, 2, 4] = np.inf
+    elif name == "masked_piece_inf_v":  # a whole 128-key piece masked, Inf in its V: 0 x Inf
+        cfg = GQAConfig(num_heads=4, attention_bias=True, **kw)
+        step, past = _decode(cfg, rng, past_len=600)
+        step.attention_bias[0, :, 0, :300] = -np.inf
+        past.value[0, 0, 50, 7] = np.inf
     elif name == "rotary_overflow":  # f16: finite K that overflows once rotated
         cfg = GQAConfig(num_heads=8, do_rotary=True, head_dim=32, kv_num_heads=1, dtype=dtype)
         step, past = _decode(cfg, rng, past_len=4)
@@ -92,7 +97,7 @@ def check_vs_cpu_ep(got, want, what, dtype):
 
 
 CASES = ["nan_past_key", "inf_past_key_g8", "nan_key_multi_token", "nan_query_head", "sink_special",
-         "hidden_v_inf_prompt", "fully_masked", "masked_key_inf_v", "rotary_overflow"]
+         "hidden_v_inf_prompt", "fully_masked", "masked_key_inf_v", "masked_piece_inf_v", "rotary_overflow"]
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -149,6 +154,20 @@ def test_long_context_split(isa, dtype, rng):
     check_vs_cpu_ep(got, want, f"long split {dtype} isa={isa}", dtype)
     heads = np.isnan(got.astype(np.float64).reshape(8, 64)).all(axis=1)
     assert list(heads) == [False] * 4 + [True] * 4
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_masked_split_piece(isa, dtype, rng):
+    """Two threads split the keys; one part sees only masked keys, one of
+    whose V rows holds Inf: the merge keeps the NaN (0 x Inf) as ORT does."""
+    require_isa(isa)
+    cfg, step, past = _case("masked_piece_inf_v", dtype, rng)
+    model = build_gqa_model(cfg)
+    got = run_gqa(hina_session(model, isa=isa, threads=2), cfg, step, past)[0]
+    want = run_gqa(cpu_session(model, threads=2), cfg, step, past)[0]
+    assert np.isnan(want.astype(np.float64)).any()
+    check_vs_cpu_ep(got, want, f"masked split {dtype} isa={isa}", dtype)
 
 
 def test_window_differs_from_ort_only_before_the_window(rng):

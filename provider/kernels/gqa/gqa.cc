@@ -356,7 +356,6 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
       bool exact = !std::isfinite(m[r]) || !std::isfinite(l[r]) || (use_sink && !(sk < kInf)) ||
                    v_bad_last[bh] >= hi || (v_bad_first[bh] >= 0 && v_bad_first[bh] < lo);
       for (int64_t j = 0; j < d; ++j) exact |= !(std::fabs(ar[j]) <= std::numeric_limits<float>::max());
-      float* of = static_cast<float*>(t.output) + o;  // only dereferenced for float32
       if (exact) {
         GqaExactRow er;
         er.q = qbuf.data() + (((b * Nkv + h) * S + i) * G + r % G) * d;
@@ -385,6 +384,7 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
       }
       const float f = scale_acc / denom;
       if (dt == DType::F32) {
+        float* of = static_cast<float*>(t.output) + o;
         for (int64_t j = 0; j < d; ++j) of[j] = ar[j] * f;
       } else {
         for (int64_t j = 0; j < d; ++j) store_from_f32(t.output, o + j, dt, ar[j] * f);
@@ -411,12 +411,17 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
           sc.m[r] = std::numeric_limits<float>::quiet_NaN();
           continue;
         }
-        if (mp == kNegInf) continue;
+        const float* pa = st + 2 * nrows + r * d;
+        if (mp == kNegInf) {  // nothing visible there but masked keys: only a NaN from 0 x Inf matters
+          bool finite = true;
+          for (int64_t j = 0; j < d; ++j) finite &= std::isfinite(pa[j]);
+          if (!finite) sc.m[r] = std::numeric_limits<float>::quiet_NaN();
+          continue;
+        }
         const float M = std::max(sc.m[r], mp);
         const float fo = sc.m[r] == kNegInf ? 0.0f : std::exp(sc.m[r] - M), fp = std::exp(mp - M);
         sc.l[r] = sc.l[r] * fo + st[nrows + r] * fp;
         float* acc = sc.acc.data() + r * d;
-        const float* pa = st + 2 * nrows + r * d;
         for (int64_t j = 0; j < d; ++j) acc[j] = acc[j] * fo + pa[j] * fp;
         sc.m[r] = M;
       }

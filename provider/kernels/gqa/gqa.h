@@ -134,7 +134,9 @@ struct GqaTensors {
 // Non-finite input: a row with a NaN or +inf visible score gets m[r] = NaN
 // and keeps it in later calls (its l and acc are then don't-care); the
 // driver recomputes such rows, and rows whose acc or l is not finite, on the
-// exact path (gqa_exact.h). -inf scores (masks) are ordinary: weight 0.
+// exact path (gqa_exact.h). -inf scores (masks) are ordinary: weight 0,
+// and 0 x a NaN/Inf V element is NaN in acc, also for a row whose scores in
+// the call are all -inf (its m and l stay as they were).
 struct GqaChunkArgs {
   const float* q = nullptr;  // [rows, d]
   int64_t rows = 0;

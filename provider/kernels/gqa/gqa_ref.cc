@@ -34,7 +34,15 @@ void chunk_ref(const GqaChunkArgs& a) {
       a.m[r] = std::numeric_limits<float>::quiet_NaN();
       continue;
     }
-    if (mx == -std::numeric_limits<float>::infinity()) continue;  // all masked by -inf bias: weight 0
+    if (mx == -std::numeric_limits<float>::infinity()) {
+      // All masked by a -inf bias: weight 0, so only a non-finite V shows
+      // (0 x Inf = NaN, as the other tiers' P.V gives); the rest stays as it was.
+      float* acc = a.acc + r * d;
+      for (int64_t j = j0; j < j1; ++j)
+        for (int64_t c = 0; c < d; ++c)
+          if (!std::isfinite(load_as_f32(a.v, j * a.kv_stride + c, DT))) acc[c] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
     const float f = a.m[r] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(a.m[r] - mx);
     float* acc = a.acc + r * d;
     float l = a.l[r] * f;
