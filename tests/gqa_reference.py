@@ -11,6 +11,16 @@ cache. Query token s sees keys j < L = min(past_b + s + 1, total_b), only the
 last W of them with a local window W; score = scale * q.k, then softcap,
 then + attention_bias; softmax (with a sink logit in the denominator for
 smooth_softmax / head_sink); out = sum p_j V_j.
+
+Non-finite values follow ORT's CPU kernel (checked against it position by
+position in tests/test_gqa_nonfinite.py): IEEE arithmetic throughout (a NaN
+or +inf score or sink gives NaN); a query whose visible scores are all -inf
+with no sink gets weight 0 on every key in float32 and NaN in float16 (ORT's
+half kernel) and bfloat16 (HinaMoE's choice, as for float16); ORT's P.V runs
+over keys [0, total_b) with weight 0 on hidden ones, so a NaN/Inf V element
+of a later prompt token, or of a row this step wrote before the window,
+gives NaN in its column (0 x Inf). Cached rows before a local window are not
+read (ORT multiplies them by 0 too; HinaMoE differs).
 """
 
 from __future__ import annotations
@@ -115,11 +125,21 @@ def gqa_reference(cfg, step, past_key=None, past_value=None, shared: bool = Fals
                     sink = float(step.head_sink[h])
                 elif cfg.smooth_softmax:
                     sink = 0.0
-                m = x.max()
-                if sink is not None:
-                    m = max(m, sink)
-                e = np.exp(x - m)
-                den = e.sum() + (np.exp(sink - m) if sink is not None else 0.0)
-                out[b, s, h] = (e / den) @ pv[b, h // g, lo:lim]
+                with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+                    m = np.max(x)
+                    if sink is not None:
+                        m = np.maximum(m, sink)  # NaN in either stays NaN
+                    if m == -np.inf and cfg.dtype == "float32":
+                        w = np.zeros_like(x)  # all masked: ORT's float softmax gives weight 0
+                    else:
+                        e = np.exp(x - m)
+                        den = e.sum() + (np.exp(sink - m) if sink is not None else 0.0)
+                        w = e / den
+                    o = w @ pv[b, h // g, lo:lim]
+                    # hidden keys (later keys of a prompt, this step's rows
+                    # before the window): weight 0, only 0 x Inf/NaN shows
+                    for hidden in (pv[b, h // g, lim:total_b], pv[b, h // g, past_b:lo]):
+                        o[~np.isfinite(hidden).all(axis=0)] = np.nan
+                out[b, s, h] = o
     return out.reshape(bsz, s_len, n * d), pk, pv, valid
 

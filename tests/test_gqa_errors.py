@@ -115,3 +115,46 @@ def test_empty_batch(rng):
     out, _, _ = run_gqa(sess, cfg, step, past)
     want, _, _, valid = gqa_reference(cfg, step, past.key, past.value)
     check_close(out, want, "after an empty batch", valid)
+
+
+@pytest.mark.parametrize("past_cap,new,seqlen,total", [(5, 2, 5, 6), (2, 3, 2, 3), (8, 3, 9, 10)])
+def test_inconsistent_past_buffer_refused_as_ort_does(past_cap, new, seqlen, total, rng):
+    """total_sequence_length must be past_key dim 2 + S (a growing cache) or
+    at most past_key dim 2 (a preallocated one): ORT's CPU EP refuses the
+    rest, and so does HinaMoE, naming the node and the inputs."""
+    from conftest import cpu_session
+
+    cfg = GQAConfig(num_heads=4, kv_num_heads=1, head_dim=16)
+    model = build_gqa_model(cfg)
+    step = random_step(cfg, rng, [max(seqlen + 1 - new, 0)], new)
+    step.seqlens_k = np.array([seqlen], dtype=np.int32)
+    step.total_sequence_length = total
+    past = KVCache.empty(cfg, 1, past_cap, rng=rng)
+    cpu_msg = _expect_error(lambda: cpu_session(model), lambda s: run_gqa(s, cfg, step, past))
+    assert "total_sequence_length" in cpu_msg, cpu_msg
+    msg = _expect_error(lambda: hina_session(model), lambda s: run_gqa(s, cfg, step, past))
+    assert "HinaMoE GroupQueryAttention node 'gqa'" in msg, msg
+    assert f"total_sequence_length ({total})" in msg and f"past_key dim 2 ({past_cap})" in msg, msg
+
+
+def test_seqlens_beyond_shared_buffer_named(rng):
+    """A shared past/present buffer of 16 rows and a step that needs 17:
+    HinaMoE's message names seqlens_k (not only ORT's output-shape text)."""
+    cfg = GQAConfig(**BASE)
+    sess = hina_session(build_gqa_model(cfg))
+    cache = KVCache.empty(cfg, 1, 16, rng=rng)
+    step = random_step(cfg, rng, [16], 1)
+    assert step.total_sequence_length == 17
+    msg = _expect_error(lambda: sess, lambda s: run_gqa_shared(s, cfg, cache, step))
+    assert "node 'gqa': input 'seqlens_k'" in msg and "16 rows" in msg, msg
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_bias_shape_message(batch, rng):
+    cfg = GQAConfig(**BASE, attention_bias=True)
+    sess = hina_session(relax_inputs(build_gqa_model(cfg)))
+    step = random_step(cfg, rng, [5] * batch, 1)
+    step.attention_bias = step.attention_bias[..., :3]
+    msg = _expect_error(lambda: sess, lambda s: run_gqa(s, cfg, step, KVCache.empty(cfg, batch, 8, rng=rng)))
+    want = "[1, 8 or 1, 1, 6]" if batch == 1 else "[2 or 1, 8 or 1, 1, 6]"
+    assert want in msg and "1 or 1" not in msg, msg

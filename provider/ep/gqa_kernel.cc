@@ -151,8 +151,9 @@ OrtStatus* GqaKernel::compute(OrtKernelContext* context) const {
   if (in[kBias] != nullptr) {
     const auto& bs = shape[kBias];
     if (bs.size() != 4 || (bs[0] != b && bs[0] != 1) || (bs[1] != n && bs[1] != 1) || bs[2] != s || bs[3] != total) {
-      return bad_shape(kBias, "[" + std::to_string(b) + " or 1, " + std::to_string(n) + " or 1, " + std::to_string(s) +
-                                  ", " + std::to_string(total) + "] (batch, num_heads, seq, total_sequence_length)");
+      auto or_one = [](int64_t x) { return x == 1 ? std::string("1") : std::to_string(x) + " or 1"; };
+      return bad_shape(kBias, "[" + or_one(b) + ", " + or_one(n) + ", " + std::to_string(s) + ", " + std::to_string(total) +
+                                  "] (batch, num_heads, seq, total_sequence_length)");
     }
     t.attention_bias = data(kBias);
     t.bias_batch = bs[0];
@@ -172,8 +173,21 @@ OrtStatus* GqaKernel::compute(OrtKernelContext* context) const {
   const std::vector<int64_t> present_shape = {b, nkv, gs.present_capacity, d};
   const size_t n_out = ctx.GetOutputCount();
   Ort::UnownedValue pk{nullptr}, pv{nullptr};
-  if (n_out > 1) pk = ctx.GetOutput(1, present_shape);
-  if (n_out > 2) pv = ctx.GetOutput(2, present_shape);
+  try {
+    if (n_out > 1) pk = ctx.GetOutput(1, present_shape);
+    if (n_out > 2) pv = ctx.GetOutput(2, present_shape);
+  } catch (const Ort::Exception& ex) {
+    // A bound present buffer of another shape: with a shared past/present
+    // buffer, seqlens_k / total_sequence_length reach past its rows.
+    int32_t max_seqlen = 0;
+    for (int64_t i = 0; i < b; ++i) max_seqlen = std::max(max_seqlen, t.seqlens_k[i]);
+    return error(kInputNames[kSeqlensK],
+                 "max " + std::to_string(max_seqlen) + " with total_sequence_length " + std::to_string(total) +
+                     " needs present_key/present_value of shape " + shape_str(present_shape) +
+                     " (max(total_sequence_length, past_key dim 2) rows), but the buffer bound to them has another "
+                     "shape: a shared past/present buffer holds " + std::to_string(past_cap) +
+                     " rows, so seqlens_k must stay below that (ORT: " + ex.what() + ")");
+  }
   const size_t cache_bytes = static_cast<size_t>(b * nkv * gs.present_capacity * d) * (t.dtype == hinamoe::GqaDType::F32 ? 4 : 2);
   std::vector<float> scratch_k, scratch_v;  // float-aligned, sized in bytes of T
   if (pk != nullptr) {

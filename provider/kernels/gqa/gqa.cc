@@ -13,12 +13,14 @@
 
 #include "dtype.h"
 #include "gqa/gqa_amx.h"
+#include "gqa/gqa_exact.h"
 #include "tier.h"
 
 namespace hinamoe {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNegInf = -kInf;
 constexpr int64_t kTileRows = 64;      // query rows (heads x tokens) per work item, at most
 constexpr int64_t kPieceKeys = 128;    // keys per chunk-kernel call (scores stay in L1/L2)
 constexpr int64_t kMinSplitKeys = 256; // a key range is split across items only above this
@@ -82,6 +84,20 @@ void rotate(float* x, const void* cos_c, const void* sin_c, int64_t pos, int64_t
 // x rounded to the op's element type (f16 or bf16, round to nearest even).
 float round_to(float x, DType dt) {
   return dt == DType::F16 ? f16_to_f32(f32_to_f16(x)) : bf16_to_f32(f32_to_bf16(x));
+}
+
+// Whether n elements of type dt at p are all finite (exponent bits not all ones).
+bool all_finite(const void* p, int64_t n, DType dt) {
+  bool ok = true;
+  if (dt == DType::F32) {
+    const uint32_t* u = static_cast<const uint32_t*>(p);
+    for (int64_t i = 0; i < n; ++i) ok &= (u[i] & 0x7f800000u) != 0x7f800000u;
+  } else {
+    const uint16_t* u = static_cast<const uint16_t*>(p);
+    const uint16_t e = dt == DType::F16 ? 0x7c00 : 0x7f80;
+    for (int64_t i = 0; i < n; ++i) ok &= (u[i] & e) != e;
+  }
+  return ok;
 }
 
 // Per-thread buffers of the attention items (grow once, reused).
@@ -171,6 +187,15 @@ std::string gqa_validate(const GqaShape& s, const GqaAttrs& a, const GqaTensors&
       return op + "seqlens_k[" + num(b) + "] = " + num(sk) + " asks for " + num(r.past) +
              " past tokens but past_key holds " + num(s.past_capacity);
   }
+  // ORT's rule for the past buffer (shared or not, first prompt too): its
+  // capacity plus the new tokens is the total (a cache that grows), or it
+  // already holds the total (a preallocated cache). A windowed cache evicts
+  // instead, so any total fits it.
+  if (!a.sliding_window_cache && s.total_sequence_length != s.past_capacity + s.seq &&
+      s.total_sequence_length > s.past_capacity)
+    return op + "total_sequence_length (" + num(s.total_sequence_length) + ") must equal past_key dim 2 (" +
+           num(s.past_capacity) + ") + sequence_length (" + num(s.seq) +
+           ") for a dynamic cache, or be no greater than past_key dim 2 for a static cache";
   if (a.do_rotary) {
     if (!t.cos_cache || !t.sin_cache) return op + "do_rotary needs cos_cache and sin_cache";
     if (s.head_dim % 16 != 0) return op + "rotary needs head_size to be a multiple of 16, got " + num(s.head_dim);
@@ -272,6 +297,11 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   //    tile of tokens of one KV head is one block of rows. A decode step's
   //    few KB run on the calling thread: a pool dispatch would cost more.
   std::vector<float> qbuf(size_t(B * N * S * d));
+  // Per (b, KV head): the first and last new V rows (< total_b) holding a
+  // non-finite value, or -1. A query token that does not see one (later
+  // tokens of a prompt, keys before its window) still gets it times weight 0
+  // in ORT's P.V (NaN); such rows take the exact path.
+  std::vector<int64_t> v_bad_first(size_t(B * Nkv), -1), v_bad_last(size_t(B * Nkv), -1);
   const bool small_prep = shared && B * S * (N + 2 * Nkv) * d <= (int64_t(1) << 16);
   (small_prep ? serial() : par).for_each(size_t(B * Nkv), [&](size_t item) {
     const int64_t b = int64_t(item) / Nkv, h = int64_t(item) % Nkv;
@@ -314,6 +344,10 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
       const int64_t dst = new_row0 + i * d;
       const int64_t src_k = (b * S + i) * kv_tok + k_off + h * d, src_v = (b * S + i) * kv_tok + v_off + h * d;
       std::memcpy(at_mut(new_v, dst), at(value, src_v), es * d);
+      if (S > 1 && past + i < rows[b].total && !all_finite(at(value, src_v), d, dt)) {
+        if (v_bad_first[item] < 0) v_bad_first[item] = past + i;
+        v_bad_last[item] = past + i;
+      }
       if (a.do_rotary) {
         for (int64_t j = 0; j < d; ++j) kr[j] = load_as_f32(key, src_k + j, dt);
         rotate(kr.data(), t.cos_cache, t.sin_cache, position(b, i), half, a.rotary_interleaved, dt);
@@ -400,25 +434,62 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
   std::vector<float> partial(items > groups ? size_t(items * state_floats) : 0);
 
   // Row r of a tile = token i0 + r / G, head h*G + r % G.
+  // Bias columns are absolute positions; the kernels index them by cache row.
+  auto bias_row = [&](int64_t b, int64_t n, int64_t i) {
+    const int64_t bb = t.bias_batch > 1 ? b : 0, bn = t.bias_heads > 1 ? n : 0;
+    return bias + ((bb * t.bias_heads + bn) * S + i) * t.bias_keys + row_base(b);
+  };
   const bool use_sink = t.head_sink != nullptr || a.smooth_softmax;
+  // A row leaves the fast path when its state is not that of finite scores
+  // over >= 1 visible key with finite sums (gqa_exact.h says which cases):
+  // m NaN (a kernel saw a NaN or +inf score) or -inf (all masked), l or acc
+  // not finite, a NaN or +inf sink, or a non-finite hidden V row of a prompt.
   auto finalize = [&](int64_t b, int64_t h, int64_t i0, int64_t nrows, const float* m, const float* l,
                       const float* acc) {
     for (int64_t r = 0; r < nrows; ++r) {
       const int64_t i = i0 + r / G, n = h * G + r % G;
       const int64_t o = ((b * S + i) * N + n) * d;
-      float mm = m[r], scale_acc = 1.0f, denom = l[r];
+      const float* ar = acc + r * d;
+      int64_t lo, hi;
+      visible(b, i, &lo, &hi);
+      const float sk = sink ? sink[n] : 0.0f;
+      const size_t bh = size_t(b * Nkv + h);
+      const int64_t rb = row_base(b);  // v_bad_* are positions, lo/hi cache rows
+      bool exact = !std::isfinite(m[r]) || !std::isfinite(l[r]) || (use_sink && !(sk < kInf)) ||
+                   v_bad_last[bh] >= hi + rb || (v_bad_first[bh] >= 0 && v_bad_first[bh] < lo + rb);
+      for (int64_t j = 0; j < d; ++j) exact |= !(std::fabs(ar[j]) <= std::numeric_limits<float>::max());
+      if (exact) {
+        GqaExactRow er;
+        er.q = qbuf.data() + (((b * Nkv + h) * S + i) * G + r % G) * d;
+        er.d = d;
+        er.k = kv_rows(b, h, false);
+        er.v = kv_rows(b, h, true);
+        er.dt = dt;
+        er.lo = lo;
+        er.hi = hi;
+        er.total = rows[b].total - rb;
+        er.fresh = rows[b].past - rb;
+        if (bias) er.bias = bias_row(b, n, i);
+        er.softcap = a.softcap;
+        er.has_sink = use_sink;
+        er.sink = sk;
+        std::vector<float> ex(static_cast<size_t>(d));
+        gqa_exact_row(er, ex.data());
+        for (int64_t j = 0; j < d; ++j) store_from_f32(t.output, o + j, dt, ex[size_t(j)]);
+        continue;
+      }
+      float scale_acc = 1.0f, denom = l[r];
       if (use_sink) {
-        const float sk = sink ? sink[n] : 0.0f;
-        const float M = std::max(mm, sk);
-        scale_acc = mm == kNegInf ? 0.0f : std::exp(mm - M);
+        const float M = std::max(m[r], sk);
+        scale_acc = std::exp(m[r] - M);
         denom = l[r] * scale_acc + std::exp(sk - M);
       }
-      const float f = denom > 0.0f ? scale_acc / denom : 0.0f;
+      const float f = scale_acc / denom;
       if (dt == DType::F32) {
         float* of = static_cast<float*>(t.output) + o;
-        for (int64_t j = 0; j < d; ++j) of[j] = acc[r * d + j] * f;
+        for (int64_t j = 0; j < d; ++j) of[j] = ar[j] * f;
       } else {
-        for (int64_t j = 0; j < d; ++j) store_from_f32(t.output, o + j, dt, acc[r * d + j] * f);
+        for (int64_t j = 0; j < d; ++j) store_from_f32(t.output, o + j, dt, ar[j] * f);
       }
     }
   };
@@ -438,12 +509,21 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
       const float* st = partial.data() + (split_begin[gi] + p) * state_floats;
       for (int64_t r = 0; r < nrows; ++r) {
         const float mp = st[r];
-        if (mp == kNegInf) continue;
+        if (std::isnan(mp) || std::isnan(sc.m[r])) {  // a NaN / +inf score: the row goes exact
+          sc.m[r] = std::numeric_limits<float>::quiet_NaN();
+          continue;
+        }
+        const float* pa = st + 2 * nrows + r * d;
+        if (mp == kNegInf) {  // nothing visible there but masked keys: only a NaN from 0 x Inf matters
+          bool finite = true;
+          for (int64_t j = 0; j < d; ++j) finite &= std::isfinite(pa[j]);
+          if (!finite) sc.m[r] = std::numeric_limits<float>::quiet_NaN();
+          continue;
+        }
         const float M = std::max(sc.m[r], mp);
         const float fo = sc.m[r] == kNegInf ? 0.0f : std::exp(sc.m[r] - M), fp = std::exp(mp - M);
         sc.l[r] = sc.l[r] * fo + st[nrows + r] * fp;
         float* acc = sc.acc.data() + r * d;
-        const float* pa = st + 2 * nrows + r * d;
         for (int64_t j = 0; j < d; ++j) acc[j] = acc[j] * fo + pa[j] * fp;
         sc.m[r] = M;
       }
@@ -476,11 +556,7 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
     for (int64_t r = 0; r < nrows; ++r) {
       const int64_t i = i0 + r / G, n = h * G + r % G;
       visible(b, i, &sc.lo[r], &sc.hi[r]);
-      if (bias) {
-        const int64_t bb = t.bias_batch > 1 ? b : 0, bn = t.bias_heads > 1 ? n : 0;
-        // Bias columns are absolute positions; the kernel indexes them by cache row.
-        sc.bias[r] = bias + ((bb * t.bias_heads + bn) * S + i) * t.bias_keys + row_base(b);
-      }
+      if (bias) sc.bias[r] = bias_row(b, n, i);
     }
     GqaChunkArgs ca;
     ca.q = qbuf.data() + ((b * Nkv + h) * S + i0) * G * d;

@@ -47,8 +47,12 @@
 //   (0 when only smooth_softmax is set):
 //     p_j = exp(x_j - m) / (exp(sink - m) + sum_k exp(x_k - m)),
 //     m = max(sink, max_k x_k).
-//   out[b, s, n, :] = sum_j p_j * V[j, :]. A query whose visible scores are
-//   all -inf (an attention_bias mask) gets 0, as in ORT.
+//   out[b, s, n, :] = sum_j p_j * V[j, :]. Non-finite values as ORT's CPU
+//   kernel treats them (gqa_exact.h): a NaN or +inf score or sink gives a
+//   NaN row; a query whose visible scores are all -inf (an attention_bias
+//   mask) gets 0 in float32 and NaN in float16/bfloat16; a hidden key's
+//   weight is 0, so a NaN/Inf in its V row gives NaN in that column (keys
+//   before a local window excepted: they are never read).
 // * Windowed cache (sliding_window_cache=1, needs W = local_window_size > 0
 //   and past_*: their capacity C >= W, which is also present's capacity).
 //   The buffers hold only the newest positions: after a step with T = total_b
@@ -141,6 +145,12 @@ struct GqaTensors {
 //   acc[r*d + :] = sum of exp(score - m[r]) * V[j, :].
 // score = q.k, softcapped when softcap > 0, plus bias[r][j] when bias is set
 // (row r's bias indexed by absolute key position).
+// Non-finite input: a row with a NaN or +inf visible score gets m[r] = NaN
+// and keeps it in later calls (its l and acc are then don't-care); the
+// driver recomputes such rows, and rows whose acc or l is not finite, on the
+// exact path (gqa_exact.h). -inf scores (masks) are ordinary: weight 0,
+// and 0 x a NaN/Inf V element is NaN in acc, also for a row whose scores in
+// the call are all -inf (its m and l stay as they were).
 struct GqaChunkArgs {
   const float* q = nullptr;  // [rows, d]
   int64_t rows = 0;

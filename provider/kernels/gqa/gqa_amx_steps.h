@@ -111,8 +111,15 @@ static inline void softmax_rows4(const float* st, int64_t ld, int64_t nk, int64_
     lv[i] = l[i];
   }
   const __m128 m_old = _mm_load_ps(mv);
-  __m128 bm = _mm_set1_ps(ninf);
-  for (int64_t j = 0; j < nk; ++j) bm = _mm_max_ps(bm, _mm_loadu_ps(st + j * ld));
+  // bad: rows with a NaN or +inf score, now or before (m NaN); they get
+  // m = NaN and the driver recomputes them (max and exp here drop NaN).
+  __m128 bm = _mm_set1_ps(ninf), bad = _mm_cmpunord_ps(m_old, m_old);
+  const __m128 pinf = _mm_set1_ps(-ninf);
+  for (int64_t j = 0; j < nk; ++j) {
+    const __m128 x = _mm_loadu_ps(st + j * ld);
+    bm = _mm_max_ps(bm, x);
+    bad = _mm_or_ps(bad, _mm_cmpnlt_ps(x, pinf));
+  }
   const __m128 m_new = _mm_max_ps(m_old, bm);
   const __m128 dead = _mm_cmpeq_ps(m_new, _mm_set1_ps(ninf));
   const __m128 f = _mm_or_ps(_mm_and_ps(dead, _mm_set1_ps(1.0f)),
@@ -154,7 +161,7 @@ static inline void softmax_rows4(const float* st, int64_t ld, int64_t nk, int64_
 
   alignas(16) float ln[4], mn[4];
   _mm_store_ps(ln, lsum);
-  _mm_store_ps(mn, m_new);
+  _mm_store_ps(mn, _mm_or_ps(m_new, bad));  // all-ones bits: a NaN
   for (int64_t i = 0; i < nr; ++i) {
     m[i] = mn[i];
     l[i] = ln[i];

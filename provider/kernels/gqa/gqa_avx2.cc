@@ -26,7 +26,8 @@
 namespace hinamoe {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNegInf = -kInf;
 
 // K/V element types: float, IEEE half bits widened with vcvtph2ps, or
 // bfloat16 bits widened by a zero-extend and a 16-bit shift.
@@ -314,7 +315,7 @@ HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t grou
   // evenly spread requests kept the reads streaming under the FMAs (bunched
   // ones stalled them).
   const bool spread = R == 8;
-  const __m256 neg_inf = _mm256_set1_ps(kNegInf);
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf), pos_inf = _mm256_set1_ps(kInf);
   if (R == 4) std::fill(sp, sp + 8 * kLaneKeys, 0.0f);  // lanes 4..7: finite, never used
   for (int64_t jb = j0; jb < j1; jb += kLaneKeys) {
     const int64_t nb = std::min(kLaneKeys, j1 - jb);
@@ -351,10 +352,16 @@ HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t grou
           }
         }
       }
-      // Online softmax on whole vectors: new max, rescale, weights.
+      // Online softmax on whole vectors: new max, rescale, weights. `bad`:
+      // rows with a NaN or +inf score (now or before: m NaN), which the
+      // driver recomputes; max and exp here would drop the NaN.
       const __m256 m_old = load_rows<R>(a.m + rg);
-      __m256 bm = neg_inf;
-      for (int64_t kk = 0; kk < nb; ++kk) bm = _mm256_max_ps(bm, _mm256_loadu_ps(sp + kk * 8));
+      __m256 bm = neg_inf, bad = _mm256_cmp_ps(m_old, m_old, _CMP_UNORD_Q);
+      for (int64_t kk = 0; kk < nb; ++kk) {
+        const __m256 x = _mm256_loadu_ps(sp + kk * 8);
+        bm = _mm256_max_ps(bm, x);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(x, pos_inf, _CMP_NLT_UQ));
+      }
       const __m256 m_new = _mm256_max_ps(m_old, bm);
       __m256 l = load_rows<R>(a.l + rg);
       const __m256 up = _mm256_cmp_ps(m_new, m_old, _CMP_GT_OQ);
@@ -381,6 +388,9 @@ HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t grou
         l = _mm256_add_ps(l, e);
       }
       store_rows<R>(a.l + rg, l);
+      if (const int nan_rows = _mm256_movemask_ps(bad) & ((1 << R) - 1))
+        for (int64_t i = 0; i < R; ++i)
+          if (nan_rows >> i & 1) a.m[rg + i] = std::numeric_limits<float>::quiet_NaN();
       lane_pv_rows4<DT>(sp, vb, a.kv_stride, nb, d, a.acc + rg * d, g == 0 ? &pfv : nullptr, spread ? 1 : 0);
       if (R == 8)
         lane_pv_rows4<DT>(sp + 4, vb, a.kv_stride, nb, d, a.acc + (rg + 4) * d, g == 0 && spread ? &pfv : nullptr, 1);
@@ -439,7 +449,10 @@ HINAMOE_AVX2_FN void chunk_rows(const GqaChunkArgs& a) {
       const float* bias = a.bias[r] + j0;
       for (int64_t j = vis0; j < vis1; ++j) s[j] += bias[j];
     }
-    if (vis0 >= vis1) {  // row sees nothing here: weights 0, state unchanged
+    bool bad = std::isnan(a.m[r]);  // flagged by an earlier call
+    for (int64_t j = vis0; j < vis1; ++j) bad |= !(s[j] < kInf);  // NaN or +inf score
+    if (bad) a.m[r] = std::numeric_limits<float>::quiet_NaN();  // the driver recomputes the row
+    if (vis0 >= vis1 || bad) {  // row sees nothing here: weights 0, state unchanged
       std::fill(s, s + nk, 0.0f);
       continue;
     }

@@ -163,7 +163,13 @@ std::vector<double> reference_step(const Config& c, const Inputs& in, RefCache& 
           x.push_back(sc);
         }
         double mx = *std::max_element(x.begin(), x.end());
-        if (mx == -INFINITY) continue;  // every key masked by the bias: output 0 (ORT 1.32 does so)
+        if (mx == -INFINITY) {
+          // Every key masked by the bias: with a sink, or in float32, weights 0
+          // (output 0); float16/bfloat16 without a sink: NaN (ORT's half kernel).
+          if (!c.sink && !c.attrs.smooth_softmax && c.dt != 0)
+            std::fill_n(&out[size_t(((b * c.S + s) * c.N + n) * d)], d, std::nan(""));
+          continue;
+        }
         double extra = 0;  // the sink's term in the denominator
         if (c.sink || c.attrs.smooth_softmax) {
           const double sk = c.sink ? in.sink[n] : 0.0;
@@ -304,6 +310,10 @@ void compare(const Config& c, const std::vector<double>& want, const RefCache& r
     // bf16 the same with eps 2^-8 (output rounding alone reaches ~2e-3).
     const double rel = c.dt == 1 ? 3e-3 : c.dt == 2 ? 8e-3 : 2e-5;
     const double tol = rel + rel * std::fabs(want[i]);
+    if (std::isnan(want[i])) {  // a NaN the op defines (fully masked half rows)
+      if (!std::isnan(buf.out[i])) ++bad;
+      continue;
+    }
     if (!(err <= tol)) ++bad;  // NaN counts as bad
     if (!(err <= worst)) worst = err;
   }
@@ -506,7 +516,9 @@ TEST(gqa_continuation_random) {
     c.seqlens = {int32_t(total - 1)};
     c.total_seq = total;
     c.shared = ht::randint(0, 1) != 0;
-    c.past_cap = c.shared ? total + ht::randint(0, 9) : total - c.S + ht::randint(0, 9);
+    // Separate past: ORT wants past_key dim 2 + S == total (a growing cache)
+    // or dim 2 >= total (a preallocated one).
+    c.past_cap = c.shared || ht::randint(0, 1) ? total + ht::randint(0, 9) : total - c.S;
     random_attrs(c, total);
     if (c.attrs.do_rotary) c.rot_rows = std::max(c.rot_rows, c.present_cap());
     const Inputs in = random_inputs(c);
@@ -671,6 +683,115 @@ TEST(gqa_errors) {
     CHECK_MSG(buf.present_k == before, b.expect << ": present written despite the error");
     CHECK_MSG(std::all_of(buf.out.begin(), buf.out.end(), [](float x) { return std::isnan(x); }),
               b.expect << ": output written despite the error");
+  }
+}
+
+// The chunk kernels' contract for non-finite scores (gqa.h): a row that sees
+// a NaN or +inf score ends with m = NaN (the driver recomputes it exactly),
+// a row flagged by an earlier call stays NaN, and a row that does not see
+// the bad key keeps a finite state. Every tier, f32/f16/bf16 K/V (bf16: the
+// AMX kernel on amx-emu), 1..20 rows (lane groups and the row tail).
+TEST(gqa_chunk_kernels_flag_nonfinite) {
+  const int64_t ds[] = {16, 64, 128};
+  for (const GqaTier* tier : gqa_tiers_here()) {
+    for (int iter = 0; iter < 36; ++iter) {
+      const int dt = iter % 3;
+      const int kind = iter / 3 % 3;  // 0: NaN in K, 1: +inf bias, 2: NaN in q of one row
+      const int64_t rows = ht::randint(1, 20), d = ds[ht::randint(0, 2)], keys = ht::randint(20, 200);
+      const int64_t bad_key = ht::randint(0, keys - 1), bad_row = ht::randint(0, rows - 1);
+      const size_t nr = static_cast<size_t>(rows), nk = static_cast<size_t>(keys);
+      std::vector<float> q(nr * static_cast<size_t>(d));
+      for (auto& x : q) x = float(ht::uniform(-0.5, 0.5));
+      if (kind == 2) q[size_t(bad_row * d + ht::randint(0, d - 1))] = NAN;
+      std::vector<double> kv(nk * static_cast<size_t>(d)), vv(kv.size());
+      for (size_t i = 0; i < kv.size(); ++i) {
+        kv[i] = ht::grid_value(dt, 1.0);
+        vv[i] = ht::grid_value(dt, 1.0);
+      }
+      if (kind == 0) kv[size_t(bad_key * d + ht::randint(0, d - 1))] = NAN;
+      std::vector<float> kf(kv.begin(), kv.end()), vf(vv.begin(), vv.end());
+      std::vector<uint16_t> kh(kv.size()), vh(vv.size());
+      for (size_t i = 0; dt != 0 && i < kv.size(); ++i) {
+        kh[i] = dt == 1 ? ht::half_exact(kv[i]) : ht::bf16_exact(kv[i]);
+        vh[i] = dt == 1 ? ht::half_exact(vv[i]) : ht::bf16_exact(vv[i]);
+      }
+      std::vector<int64_t> lo(nr), hi(nr);
+      for (int64_t r = 0; r < rows; ++r) {
+        lo[r] = ht::randint(0, 1) ? 0 : ht::randint(0, keys - 1);
+        hi[r] = ht::randint(0, 1) ? keys : ht::randint(lo[r] + 1, keys);
+      }
+      std::vector<std::vector<float>> bias_rows(nr, std::vector<float>(nk, 0.0f));
+      std::vector<const float*> bias(nr);
+      for (int64_t r = 0; r < rows; ++r) {
+        if (kind == 1) bias_rows[r][size_t(bad_key)] = INFINITY;
+        bias[r] = bias_rows[r].data();
+      }
+      const int64_t flagged_before = ht::randint(0, rows - 1);  // incoming m = NaN
+      std::vector<float> m(nr, -INFINITY), l(nr, 0.0f), acc(nr * static_cast<size_t>(d), 0.0f);
+      m[size_t(flagged_before)] = NAN;
+      std::vector<float> scratch(size_t(gqa_chunk_scratch_floats(rows, keys)), NAN);
+      GqaChunkArgs a;
+      a.q = q.data();
+      a.rows = rows;
+      a.d = d;
+      a.k = dt == 0 ? static_cast<const void*>(kf.data()) : kh.data();
+      a.v = dt == 0 ? static_cast<const void*>(vf.data()) : vh.data();
+      a.kv_stride = d;
+      a.k0 = 0;
+      a.k1 = keys;
+      a.lo = lo.data();
+      a.hi = hi.data();
+      a.bias = kind == 1 ? bias.data() : nullptr;
+      a.m = m.data();
+      a.l = l.data();
+      a.acc = acc.data();
+      a.scratch = scratch.data();
+      (dt == 0 ? tier->chunk : dt == 1 ? tier->chunk_f16 : tier->chunk_bf16)(a);
+      for (int64_t r = 0; r < rows; ++r) {
+        const bool sees = bad_key >= lo[r] && bad_key < hi[r];
+        const bool want_nan = r == flagged_before || (kind == 2 ? r == bad_row : sees);
+        CHECK_MSG(std::isnan(m[r]) == want_nan,
+                  tier->name << " " << ht::dtype_str(dt) << " kind " << kind << " rows=" << rows << " d=" << d
+                             << " row " << r << ": m = " << m[r] << ", expected " << (want_nan ? "NaN" : "finite"));
+      }
+    }
+  }
+}
+
+// A NaN in one cached key through gqa() on every tier: exactly the heads of
+// that KV head are NaN (long contexts: key ranges split over threads).
+TEST(gqa_nan_key_through_driver) {
+  ThreadPool pool3(3);
+  for (const GqaTier* tier : gqa_tiers_here()) {
+    for (int dt = 0; dt < 3; ++dt) {
+      Config c;
+      c.N = 8;
+      c.Nkv = 2;
+      c.d = 64;
+      c.B = 1;
+      c.S = 1;
+      c.dt = dt;
+      c.total_seq = int64_t(ht::randint(2, 900));
+      c.seqlens = {int32_t(c.total_seq - 1)};
+      c.past_cap = c.total_seq;
+      c.shared = true;
+      const Inputs in = random_inputs(c);
+      Buffers buf;
+      buf.present_k = random_cache(c.B * c.Nkv * c.past_cap * c.d, c.dt);
+      buf.present_v = random_cache(c.B * c.Nkv * c.past_cap * c.d, c.dt);
+      const int64_t key = ht::randint(0, c.total_seq - 2);  // a past row (the new one is overwritten)
+      const size_t at = size_t(((1 * c.past_cap) + key) * c.d + ht::randint(0, c.d - 1));  // KV head 1
+      buf.present_k[at] = NAN;  // run_lib passes NaN on to f16/bf16
+      const std::string err = run_lib(c, in, buf, *tier, pool3.parallel());
+      CHECK_MSG(err.empty(), err);
+      for (int64_t n = 0; n < c.N; ++n) {
+        size_t nans = 0;
+        for (int64_t e = 0; e < c.d; ++e) nans += std::isnan(buf.out[size_t(n * c.d + e)]);
+        const size_t want = n >= 4 ? size_t(c.d) : 0;
+        CHECK_MSG(nans == want, tier->name << " " << ht::dtype_str(dt) << " total " << c.total_seq << " head " << n
+                                           << ": " << nans << " NaN of " << c.d);
+      }
+    }
   }
 }
 

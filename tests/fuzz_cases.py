@@ -1,0 +1,427 @@
+"""The fuzzer's cases: random MoE and GroupQueryAttention nodes (attributes,
+shapes, dtypes, tiers, simulated NUMA nodes) fed random and extreme values
+(NaN, Inf, the largest finite value, denormals, empty dims, tied router
+logits), each checked against the CPU EP where it runs the node and against
+the float64 reference (and, for bfloat16 GQA, HinaMoE's ``ref`` tier) where
+it does not.
+
+A case is a small JSON-able dict (``generate(op, rng)``); ``run_case(case)``
+rebuilds everything from it, so a failing case replays from its printed
+parameters alone::
+
+    python tests/fuzz_worker.py --replay '{"op": "gqa", "seed": 5, ...}'
+
+``run_case`` returns a short verdict ("ok", "refused: ...") or raises
+AssertionError. Crashes and hangs are the worker's business
+(fuzz_worker.py runs cases in a subprocess).
+
+Adding an op: write ``gen_<op>(rng) -> dict`` and ``run_<op>(case) -> str``
+and register both in ``OPS``. QMoE (being written in parallel) goes here
+once it lands: scales and zero points of wrong shapes, ``block_size`` edge
+cases, NaN scales, against its float64 dequantising reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conftest import CPU_EP_F16_MOE_OK, cpu_session, error_text, hina_session
+from gqa_cases import check_close as gqa_check_close
+from gqa_cases import check_same_nonfinite
+from gqa_reference import gqa_reference
+from hinamoe.models import (GQAConfig, KVCache, build_gqa_model, build_moe_model, np_dtype, prompt_step,
+                            random_input, random_logits, random_step, run_gqa, run_gqa_shared, run_moe,
+                            weight_feeds)
+from moe_cases import ACT_FUSIONS, random_config
+from moe_reference import check_close as moe_check_close
+from moe_reference import reference_for
+
+ISAS = ("ref", "avx2", "amx-emu")
+DTYPES = ("float32", "float16", "bfloat16")
+NODE = "gqa"  # the node name build_gqa_model gives
+
+
+def _pick(rng, seq):
+    return seq[int(rng.integers(len(seq)))]
+
+
+def _common(rng) -> dict:
+    return {"seed": int(rng.integers(2**31)), "isa": _pick(rng, ISAS), "dtype": _pick(rng, DTYPES),
+            "threads": int(rng.integers(1, 3)), "numa": "fake:2" if rng.random() < 0.25 else None}
+
+
+def _session_options(case) -> dict:
+    return {"numa": case["numa"]} if case.get("numa") else {}
+
+
+def _special(kind: str, dtype: str) -> float:
+    big = {"float32": 3.4e38, "float16": 65504.0, "bfloat16": 3.38e38}[dtype]
+    tiny = {"float32": 1e-41, "float16": 6e-8, "bfloat16": 1e-39}[dtype]
+    return {"nan": np.nan, "inf": np.inf, "-inf": -np.inf, "max": big, "-max": -big,
+            "denormal": tiny, "zero": 0.0}[kind]
+
+
+# ------------------------------------------------------------------ GQA
+
+GQA_TENSORS = ("query", "key", "value", "past_key", "past_value", "attention_bias", "head_sink")
+GQA_SPECIALS = ("nan", "inf", "-inf", "max", "-max", "denormal", "zero")
+GQA_MALFORMED = ("seqlens_high", "seqlens_negative", "bias_keys", "past_heads", "total_inconsistent",
+                 "sink_len")
+
+
+def gen_gqa(rng) -> dict:
+    c = _common(rng)
+    g = _pick(rng, (1, 2, 3, 4, 5, 8, 16))
+    nkv = int(rng.integers(1, 3))
+    d = _pick(rng, (16, 32, 64, 80, 128) if rng.random() < 0.8 else (8, 24, 40, 72))
+    c.update(num_heads=g * nkv, kv_num_heads=nkv, head_dim=d, packed=bool(rng.random() < 0.3),
+             do_rotary=bool(d % 16 == 0 and rng.random() < 0.4), attention_bias=bool(rng.random() < 0.3),
+             head_sink=bool(rng.random() < 0.2), softcap=float(_pick(rng, (0.0, 0.0, 0.0, 3.0))),
+             scale=float(_pick(rng, (0.0, 0.0, 0.05, 1.0))),
+             local_window_size=int(_pick(rng, (-1, -1, -1, 1, 3, 64))))
+    c["smooth_softmax"] = bool(not c["head_sink"] and rng.random() < 0.2)
+    if c["do_rotary"]:
+        c["rotary_interleaved"] = bool(rng.random() < 0.5)
+        c["rotary_dim"] = int(d // 2) if (d // 4) % 8 == 0 and rng.random() < 0.3 else 0
+        c["position_ids"] = bool(rng.random() < 0.4)
+    if c["attention_bias"]:
+        c["bias_broadcast_batch"] = bool(rng.random() < 0.3)
+        c["bias_broadcast_heads"] = bool(rng.random() < 0.3)
+    phase = _pick(rng, ("prompt", "decode", "decode", "continue"))
+    c["phase"] = phase
+    if phase == "prompt":
+        b = int(rng.integers(0 if rng.random() < 0.05 else 1, 4))
+        c["lens"] = [int(x) for x in rng.integers(1, 24, size=b)]
+        c["new"] = max(c["lens"], default=1)
+    elif phase == "decode":
+        b = int(rng.integers(0 if rng.random() < 0.05 else 1, 4))
+        c["lens"] = [int(x) for x in rng.integers(0 if rng.random() < 0.2 else 1, 300, size=b)]
+        c["new"] = 1
+    else:
+        c["lens"] = [int(rng.integers(1, 200))]
+        c["new"] = int(rng.integers(2, 12))
+    if c["lens"] and phase != "prompt" and max(c["lens"]) == 0:
+        c["lens"][0] = 1
+    c["buffer"] = _pick(rng, ("shared", "shared", "separate"))
+    c["slack"] = int(_pick(rng, (0, 0, 3, 17)))  # extra capacity of a shared buffer
+    c["magnitude"] = float(_pick(rng, (1.0, 1.0, 1.0, 4.0, 1e-3)))
+    c["specials"] = []
+    if rng.random() < 0.6:
+        names = [n for n in GQA_TENSORS if _gqa_has(c, n)]
+        for _ in range(int(rng.integers(1, 4))):
+            c["specials"].append([_pick(rng, names), _pick(rng, GQA_SPECIALS), int(rng.integers(1, 4))])
+    c["malformed"] = _pick(rng, GQA_MALFORMED) if rng.random() < 0.12 else None
+    return c
+
+
+def _gqa_has(c, name: str) -> bool:
+    if name in ("key", "value"):
+        return not c["packed"]
+    if name in ("past_key", "past_value"):
+        return c["phase"] != "prompt"
+    if name == "attention_bias":
+        return c["attention_bias"]
+    if name == "head_sink":
+        return c["head_sink"]
+    return True
+
+
+def _touches_v(c, name: str) -> bool:
+    """Whether specials poked into ``name`` can land in V (packed QKV: query)."""
+    return name.endswith("value") or (name == "query" and c["packed"])
+
+
+def _gqa_config(c) -> GQAConfig:
+    keys = ("num_heads", "kv_num_heads", "head_dim", "dtype", "packed", "do_rotary", "rotary_interleaved",
+            "rotary_dim", "position_ids", "attention_bias", "bias_broadcast_batch", "bias_broadcast_heads",
+            "head_sink", "smooth_softmax", "local_window_size", "softcap", "scale")
+    return GQAConfig(**{k: c[k] for k in keys if k in c})
+
+
+def _poke(rng, arr, kind, count, dtype, summed=False):
+    """Set ``count`` random elements of ``arr`` (in place) to a special value.
+    ``summed``: Q, K or V, whose elements enter sums (q.k, p.V). There
+    float32/bfloat16 "max" is 1e36: near FLT_MAX whether a sum overflows
+    depends on its order and on where the softmax is normalised (every
+    kernel's differs), and HinaMoE scores (scale*q).k where ORT computes
+    scale*(q.k) (a documented difference)."""
+    if arr is None or arr.size == 0:
+        return
+    value = _special(kind, dtype)
+    if summed and dtype != "float16" and kind in ("max", "-max"):
+        value = np.copysign(1e36, value)
+    flat = arr.reshape(-1)
+    for i in rng.integers(0, flat.size, size=count):
+        flat[int(i)] = value
+
+
+def _gqa_inputs(c, cfg, rng):
+    """(step, past KVCache or None, shared) of a case."""
+    lens, new = c["lens"], c["new"]
+    b = len(lens)
+    if c["phase"] == "prompt":
+        step = prompt_step(cfg, rng, lens) if b else prompt_step(cfg, rng, [1])
+        past_lens = [0] * b
+    else:
+        step = random_step(cfg, rng, lens, new) if b else random_step(cfg, rng, [1], new)
+        past_lens = lens
+    if b == 0:  # an empty batch
+        step.query = step.query[:0]
+        step.key = None if step.key is None else step.key[:0]
+        step.value = None if step.value is None else step.value[:0]
+        step.seqlens_k = step.seqlens_k[:0]
+        if step.attention_bias is not None:
+            step.attention_bias = step.attention_bias[:0] if step.attention_bias.shape[0] > 1 \
+                else step.attention_bias
+        if step.position_ids is not None:
+            step.position_ids = step.position_ids[:0]
+    mag = c["magnitude"]
+    if mag != 1.0:
+        dt = np_dtype(cfg.dtype)
+        for name in ("query", "key", "value"):
+            arr = getattr(step, name)
+            if arr is not None:
+                setattr(step, name, (arr.astype(np.float64) * mag).astype(dt))
+    shared = c["buffer"] == "shared"
+    total = step.total_sequence_length
+    if c["phase"] == "prompt" and not shared:
+        past = None
+    elif shared:
+        cap = total + c["slack"]
+        past = KVCache.empty(cfg, b, cap)  # NaN rows: a kernel reading one shows
+        for r, n in enumerate(past_lens):
+            past.key[r, :, :n] = (rng.standard_normal(past.key[r, :, :n].shape) * mag).astype(past.key.dtype)
+            past.value[r, :, :n] = rng.standard_normal(past.value[r, :, :n].shape).astype(past.key.dtype)
+    else:  # separate: a growing cache (dim 2 + S = total)
+        past = KVCache.empty(cfg, b, max(total - new, 0), rng=rng)
+    for name, kind, count in c["specials"]:
+        if name in ("past_key", "past_value"):
+            if past is None:
+                continue
+            arr = past.key if name == "past_key" else past.value
+            # only rows that hold past tokens (a shared buffer's unused rows stay NaN)
+            for r, n in enumerate(past_lens):
+                if n:
+                    _poke(rng, arr[r, :, :n], kind, count, cfg.dtype, summed=True)
+        else:
+            _poke(rng, getattr(step, name), kind, count, cfg.dtype,
+                  summed=name in ("query", "key", "value"))
+    # A local window: cached rows before it are never read (a documented
+    # difference from ORT, which multiplies them by 0): no non-finite V there.
+    if cfg.local_window_size > 0 and past is not None:
+        v = past.value.astype(np.float64)
+        for r, n in enumerate(past_lens):
+            keep = max(0, min(n, n + new - cfg.local_window_size))
+            bad = ~np.isfinite(v[r, :, :keep])
+            past.value[r, :, :keep][bad] = 0
+    return step, past, shared
+
+
+def _gqa_malform(c, step, past):
+    m = c["malformed"]
+    if m == "seqlens_high" and step.seqlens_k.size:
+        step.seqlens_k[-1] = step.total_sequence_length + 2
+    elif m == "seqlens_negative" and step.seqlens_k.size:
+        step.seqlens_k[0] = -2
+    elif m == "bias_keys" and step.attention_bias is not None:
+        step.attention_bias = step.attention_bias[..., :max(1, step.attention_bias.shape[-1] - 1)]
+    elif m == "past_heads" and past is not None and past.key.shape[1] > 1:
+        past = KVCache(past.key[:, :1].copy(), past.value[:, :1].copy())
+    elif m == "total_inconsistent" and c["phase"] != "prompt":
+        step.total_sequence_length += 1
+    elif m == "sink_len" and step.head_sink is not None:
+        step.head_sink = step.head_sink[:-1]
+    else:
+        return step, past, False
+    return step, past, True
+
+
+def _run(fn):
+    try:
+        return fn(), None
+    except Exception as e:  # noqa: BLE001 -- an ORT error is a result here
+        return None, error_text(e)
+
+
+def run_gqa_case(c) -> str:
+    from test_ep_errors import relax_inputs
+
+    rng = np.random.default_rng(c["seed"])
+    cfg = _gqa_config(c)
+    step, past, shared = _gqa_inputs(c, cfg, rng)
+    step, past, malformed = _gqa_malform(c, step, past) if c.get("malformed") else (step, past, False)
+    model = build_gqa_model(cfg, name=NODE)
+    if malformed:
+        model = relax_inputs(model)
+    what = f"gqa case {c}"
+
+    def run_on(sess):
+        if shared and past is not None:
+            cache = past.copy()
+            return run_gqa_shared(sess, cfg, cache, step)
+        return run_gqa(sess, cfg, step, past)[0]
+
+    got, err = _run(lambda: run_on(hina_session(model, isa=c["isa"], threads=c["threads"],
+                                                extra_options=_session_options(c))))
+    if not c["lens"]:  # an empty batch: ORT 1.32's CPU EP dies of SIGFPE there (integer division by 0)
+        if err is not None and malformed:
+            assert "GroupQueryAttention" in err, f"{what}: error without the op's name: {err}"
+            return "refused: " + err[-160:]
+        assert err is None, f"{what}: an empty batch refused: {err}"
+        assert got.size == 0 and got.shape[0] == 0, f"{what}: output {got.shape} for an empty batch"
+        return "ok (empty)"
+    cpu_runs = cfg.dtype != "bfloat16"
+    if cpu_runs:
+        want, cpu_err = _run(lambda: run_on(cpu_session(model, threads=c["threads"])))
+    else:
+        want, cpu_err = _run(lambda: run_on(hina_session(model, isa="ref")))
+    if err is not None:
+        assert "GroupQueryAttention" in err, f"{what}: error without the op's name: {err}"
+        # Malformed input may be refused even where ORT runs it (e.g. ORT takes
+        # seqlens_k beyond total_sequence_length while the buffer has room).
+        assert cpu_err is not None or malformed, \
+            f"{what}: HinaMoE refused what {'the CPU EP' if cpu_runs else 'ref'} ran: {err}"
+        return "refused: " + err[-160:]
+    assert cpu_err is None or not cpu_runs, f"{what}: HinaMoE ran what the CPU EP refused: {cpu_err}"
+    assert cpu_err is None, f"{what}: ref refused what {c['isa']} ran: {cpu_err}"
+    try:
+        ref_past_k = None if past is None else past.key
+        ref_past_v = None if past is None else past.value
+        ref, _, _, valid = gqa_reference(cfg, step, ref_past_k, ref_past_v, shared=shared and past is not None)
+    except Exception as e:  # noqa: BLE001
+        raise AssertionError(f"{what}: the float64 reference failed on a case both EPs ran: {e}") from e
+    if got.size == 0:
+        assert want.size == 0
+        return "ok (empty)"
+    # Tolerances grow with the softmax's sharpness: a score's rounding error
+    # scales with scale * |q| * |k| * sqrt(d) (1 for unit inputs at the
+    # default scale), and 16-bit rotary rounds the rotated Q and K.
+    alpha = cfg.scale or 1.0 / np.sqrt(cfg.head_dim)
+    factor = max(1.0, alpha * np.sqrt(cfg.head_dim) * c["magnitude"] ** 2)
+    if cfg.do_rotary and cfg.dtype != "float32":
+        factor *= 2
+    g = got.astype(np.float64).reshape(ref.shape[0], ref.shape[1], -1)
+    w = want.astype(np.float64).reshape(g.shape)
+    if any(k in ("max", "-max") for n, k, _ in c["specials"] if _touches_v(c, n)):
+        factor *= 1e36  # V terms of 1e36 cancel: only the non-finite positions are comparable
+    if cfg.dtype == "float32":
+        # ORT's MLAS float softmax drops a NaN score at some positions of a row
+        # (see test_gqa_nonfinite.check_vs_cpu_ep): every CPU EP NaN must be a
+        # HinaMoE NaN; the rest matches, and the float64 reference decides the NaNs.
+        # A row whose keys are all masked is 0 in ORT's float kernel, except
+        # on some paths (seen with a local window of 1) where it is NaN:
+        # HinaMoE gives 0 (the float64 reference's weight-0 row).
+        masked_row = np.isnan(w) & (g == 0) & (ref == 0)
+        w = np.where(masked_row, 0.0, w)
+        assert not (np.isnan(w) & ~np.isnan(g))[valid].any(), f"{what}: a CPU EP NaN is not NaN on HinaMoE"
+        keep = valid[..., None] & ~np.isnan(g)
+        check_same_nonfinite(g[keep], w[keep], what + " vs CPU EP", dtype=cfg.dtype, factor=factor)
+    else:
+        check_same_nonfinite(g, w, what + (" vs CPU EP" if cpu_runs else " vs ref"), valid, dtype=cfg.dtype,
+                             factor=factor)
+    tame = not c["specials"] and c["magnitude"] <= 1.0
+    if tame:
+        gqa_check_close(g, ref, what + " vs float64 reference", valid, cfg.dtype, factor=factor)
+    elif cfg.dtype != "float16" and not any(k in ("max", "-max") or (_touches_v(c, n) and "inf" in k)
+                                            for n, k, _ in c["specials"]):
+        # (not with Inf in V: a weight that underflows to 0 in float32 but not
+        # in float64 turns Inf into NaN in one and not the other)
+        # the NaN/Inf positions as the float64 reference defines them (f16
+        # rounds rotated Q/K and overflows where float64 does not)
+        check_same_nonfinite(np.where(np.isfinite(g), 0, g)[valid], np.where(np.isfinite(ref), 0, ref)[valid],
+                             what + " non-finite positions vs float64 reference", dtype=cfg.dtype)
+    return "ok"
+
+
+# ------------------------------------------------------------------ MoE
+
+MOE_VALUES = ("normal", "normal", "tied_logits", "nan_logits", "inf_logits", "denormal_x", "large_x",
+              "zero_x", "huge_logits")
+
+
+def gen_moe(rng) -> dict:
+    c = _common(rng)
+    act, fusion = _pick(rng, ACT_FUSIONS)
+    c.update(act=act, fusion=int(fusion), tokens=int(_pick(rng, (0, 1, 2, 5, 16, 33))),
+             values=_pick(rng, MOE_VALUES))
+    return c
+
+
+def _cpu_ep_runs_moe(cfg) -> bool:
+    if cfg.dtype == "bfloat16" or (cfg.dtype == "float16" and not CPU_EP_F16_MOE_OK):
+        return False
+    if cfg.activation not in ("relu", "gelu", "silu", "identity", "swiglu"):
+        return False
+    if cfg.swiglu_limit_after_activation:  # the CPU EP: "requires CUDA"
+        return False
+    return not cfg.gated or cfg.swiglu_fusion == 1
+
+
+def run_moe_case(c) -> str:
+    rng = np.random.default_rng(c["seed"])
+    cfg = random_config(rng, c["act"], c["fusion"], c["dtype"])
+    model, w = build_moe_model(cfg, rng=rng)
+    feeds = weight_feeds(cfg, w) if cfg.weights_as_inputs else None
+    t = c["tokens"]
+    batch = 2 if (cfg.input_rank == 3 and t % 2 == 0 and t > 0) else 1
+    x = random_input(cfg, t, rng, batch=batch)
+    lg = random_logits(cfg, t, rng)
+    kind = c["values"]
+    what = f"moe case {c} [{cfg.describe()}]"
+    bad_token = None
+    if t > 0:
+        if kind == "tied_logits":
+            lg[:, :] = np.round(lg[:, :] * 2) / 2  # many exact ties
+            lg[0, :] = lg[0, 0]
+        elif kind in ("nan_logits", "inf_logits"):
+            bad_token = int(rng.integers(t))
+            lg[bad_token, int(rng.integers(cfg.experts))] = np.nan if kind == "nan_logits" else np.inf
+        elif kind == "huge_logits":
+            lg[...] = (lg.astype(np.float64) * (1e3 if cfg.dtype == "float16" else 1e30)).astype(lg.dtype)
+        elif kind == "denormal_x":
+            x[...] = (x.astype(np.float64) * _special("denormal", cfg.dtype)).astype(x.dtype)
+        elif kind == "large_x":
+            x[...] = (x.astype(np.float64) * (8.0 if cfg.dtype == "float16" else 1e3)).astype(x.dtype)
+        elif kind == "zero_x":
+            x[...] = 0
+    sess = hina_session(model, isa=c["isa"], threads=c["threads"], extra_options=_session_options(c))
+    got, err = _run(lambda: run_moe(sess, x, lg, feeds))
+    if bad_token is not None:
+        assert err is not None, f"{what}: non-finite router logits accepted"
+        assert "MoE" in err and str(bad_token) in err, f"{what}: the error does not name token {bad_token}: {err}"
+        return "refused: " + err[-120:]
+    assert err is None, f"{what}: HinaMoE refused: {err}"
+    ref = reference_for(cfg, x, lg, w)
+    # large inputs: intermediates of ~1e3 (clamped by swiglu_limit) carry
+    # their rounding into small outputs
+    factor = 8.0 if kind == "large_x" else 1.0
+    moe_check_close(got, ref, cfg.dtype, what + " vs float64 reference", factor)
+    if _cpu_ep_runs_moe(cfg) and kind != "huge_logits":
+        oc = run_moe(cpu_session(model, threads=c["threads"]), x, lg, feeds)
+        moe_check_close(got, oc.astype(np.float64), cfg.dtype, what + " vs CPU EP", factor=2.0 * factor)
+    return "ok"
+
+
+# ------------------------------------------------------------------ registry
+
+# op -> (generator, runner). QMoE: add ("qmoe": (gen_qmoe, run_qmoe)) here.
+OPS = {"moe": (gen_moe, run_moe_case), "gqa": (gen_gqa, run_gqa_case)}
+
+
+def generate(op: str, rng) -> dict:
+    case = OPS[op][0](rng)
+    case["op"] = op
+    return case
+
+
+def generate_mix(rng, n: int, ops=None) -> list[dict]:
+    ops = list(ops or OPS)
+    return [generate(ops[i % len(ops)], rng) for i in range(n)]
+
+
+def run_case(case: dict) -> str:
+    from conftest import available_isas
+
+    if case["isa"] not in available_isas():
+        return f"skipped: isa {case['isa']} not available here"
+    return OPS[case["op"]][1](case)
