@@ -238,6 +238,11 @@ class GgmlStep:
         if status != STATUS_SUCCESS:
             raise RuntimeError(f"ggml_backend_graph_compute: status {status}")
 
+    def fill_output(self, value: float) -> None:
+        """Overwrites the output tensor (tests poison it before a run)."""
+        y = np.full(self.shape, value, dtype=np.float32)
+        self.layer.g.fn.ggml_backend_tensor_set(self.out, y.ctypes.data, 0, y.nbytes)
+
     def output(self) -> np.ndarray:
         y = np.empty(self.shape, dtype=np.float32)
         self.layer.g.fn.ggml_backend_tensor_get(self.out, y.ctypes.data, 0, y.nbytes)
