@@ -22,7 +22,7 @@ from pathlib import Path
 
 ENV_VAR = "HINAMOE_GGML_LIB"
 HOW_TO_GET = (
-    "build llama-cpp-python from source into this environment (~10-20 minutes on 2 cores):\n"
+    "build llama-cpp-python from source into this environment (several minutes):\n"
     "  CMAKE_ARGS=\"-DGGML_NATIVE=ON\" CMAKE_BUILD_PARALLEL_LEVEL=2 \\\n"
     "    pip install --no-binary llama-cpp-python llama-cpp-python\n"
     f"or point --ggml-lib (or {ENV_VAR}) at a directory holding libggml.so, libggml-base.so "
