@@ -68,6 +68,7 @@ def test_ggml_column_in_ffn_run(tmp_path, capsys):
     assert main(argv) == 0
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["meta"]["ggml"]["available"] and res["meta"]["ggml"]["version"] == g.version
+    assert res["meta"]["ggml"]["cpu_features"] == g.cpu_features  # what its kernels use here
     pts = res["points"]
     hina = [p for p in pts if p["ep"] == "HinaMoE"]
     ggml = {(p["dtype"], p["threads"], p["tokens_per_expert"]): p for p in pts if p["ep"] == "ggml"}

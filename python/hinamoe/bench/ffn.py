@@ -468,7 +468,8 @@ def run(args) -> int:
             **probes.meta(), repeats=repeats, seed=args.seed,
             layers=layers, elapsed_s=elapsed,
             ggml=(dict(available=True, version=ggml.version, commit=ggml.commit,
-                       lib_dir=str(ggml.lib_dir), origin=ggml.origin) if ggml is not None else
+                       lib_dir=str(ggml.lib_dir), origin=ggml.origin,
+                       cpu_features=ggml.cpu_features) if ggml is not None else
                   dict(available=False, note=ggml_note or "--no-ggml")),
             notes=["gbs = active experts' weight bytes in the model dtype / median time",
                    "CPU EP converts f16 weights to f32 at session creation",

@@ -129,6 +129,9 @@ _OPTIONAL = {
 }
 
 
+_CPU_FEATURES = ("avx2", "fma", "f16c", "avx512", "avx512_bf16", "avx512_vnni", "amx_int8")
+
+
 class Ggml:
     """The loaded libraries: ``g.fn.<name>(...)`` calls a ggml function;
     ``g.has(name)`` says whether an optional one exists."""
@@ -156,6 +159,21 @@ class Ggml:
             raise GgmlUnavailable(f"ggml in {self.lib_dir} lacks {', '.join(missing)} (too old?)")
         self.version = (self.fn.ggml_version() or b"?").decode()
         self.commit = (self.fn.ggml_commit() or b"?").decode()
+        self.cpu_features = self._cpu_features()
+
+    def _cpu_features(self) -> list[str]:
+        """The SIMD extensions this ggml build was compiled for and uses here
+        (ggml_cpu_has_*): with -DGGML_NATIVE=ON on an AVX-512 machine ggml's
+        bf16/f16/f32 dot products are AVX-512 code, which HinaMoE's avx2 tier
+        is not."""
+        out = []
+        for name in _CPU_FEATURES:
+            f = self._lookup(f"ggml_cpu_has_{name}")
+            if f is not None:
+                f.restype, f.argtypes = ctypes.c_int, []
+                if f():
+                    out.append(name)
+        return out
 
     def _lookup(self, name: str):
         for dll in reversed(self._dlls):
@@ -169,7 +187,8 @@ class Ggml:
         return hasattr(self.fn, name)
 
     def describe(self) -> str:
-        return f"ggml {self.version} ({self.commit}) from {self.origin or self.lib_dir}"
+        return (f"ggml {self.version} ({self.commit}) from {self.origin or self.lib_dir}; "
+                f"its CPU kernels use: {' '.join(self.cpu_features) or '-'}")
 
 
 class _Functions:
