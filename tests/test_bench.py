@@ -55,11 +55,11 @@ def test_tiny_ffn_run(tmp_path, capsys):
     """qwen3-30b-a3b shape with 8 experts, 1 token per expert, one repeat."""
     argv = ["ffn", "--models", "qwen3-30b-a3b:8", "--tokens", "1,2", "--dtypes", "bf16,f32",
             "--threads", "1", "--repeats", "2", "--warmup", "1",
-            "--bw-bytes", "0.03", "--no-progress", "--out", str(tmp_path)]
+            "--bw-bytes", "0.03", "--no-ggml", "--no-progress", "--out", str(tmp_path)]
     assert main(argv) == 0
     res = json.loads((tmp_path / "results.json").read_text())
     pts = res["points"]
-    assert {p["ep"] for p in pts} == {"HinaMoE", "CPU"}
+    assert {p["ep"] for p in pts} == {"HinaMoE", "CPU"}  # ggml: test_bench_ggml.py
     for p in pts:
         assert p["median_ms"] > 0 and p["gbs"] > 0
         assert p["tokens"] == p["tokens_per_expert"]  # active = k = 8

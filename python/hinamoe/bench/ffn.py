@@ -11,7 +11,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, field, asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,7 @@ from .common import (MachineProbes, cpu_name, csv, hinamoe_tier, l3_bytes, make_
                      rewarm)
 
 NAME = "ffn"
-HELP = "time a single MoE FFN node at real expert shapes (HinaMoE vs ORT CPU EP)"
+HELP = "time a single MoE FFN node at real expert shapes (HinaMoE vs ORT CPU EP and llama.cpp's ggml)"
 DESCRIPTION = """\
 Time one com.microsoft::MoE node at the expert shapes of real models.
 
@@ -53,10 +53,26 @@ where the CPU EP has it, and always against the CPU EP running the f32
 model); the CPU EP's points get their own probe passes. The CPU EP has no
 bf16 MoE, and converts f16 weights to f32 when the session is created.
 
+x ggml (JSON: speedup_vs_ggml) = ggml time / HinaMoE time on the same
+point (> 1: HinaMoE is faster). When llama.cpp's ggml is found (--ggml-lib,
+$HINAMOE_GGML_LIB, or an installed llama-cpp-python built from source), each
+HinaMoE point also runs the MoE FFN as llama.cpp builds it on ggml's CPU
+backend (softmax + top-k routing, ggml_mul_mat_id for gate, up and down on
+[in, out, expert] tensors, ggml_swiglu_split, routing weights, sum over k)
+with the same weight values (rewritten once in GGUF's layout and
+memory-mapped, as llama.cpp maps a model), inputs, routing, dtype and
+thread count. The two are timed in turn in one run: each timed run follows
+an untimed rotation of its own side's steps, so both find the same cache
+state (the timed experts cold); the ggml rows get their own probe passes.
+diff vs ggml (JSON: max_rel_diff_vs_ggml) checks that both computed the
+same thing (ggml rounds activations to the weight type; HinaMoE does not).
+Without ggml the note under the table says how to get it; --no-ggml skips it.
+
 Examples:
   hina-bench ffn                                  # default: 3 models, all points
   hina-bench ffn --quick                          # a 1-2 minute smoke run
   hina-bench ffn --models mixtral-8x7b --dtypes bf16,f32 --tokens 1,2,4 --out res/
+  hina-bench ffn --no-cpu-ep --threads 2 --tokens 1,2,4,8   # HinaMoE vs ggml
   hina-bench ffn --list-models
 """
 
@@ -92,6 +108,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only run the CPU EP (e.g. before the EP is built)")
     g.add_argument("--list-models", action="store_true",
                    help="print the known model shapes and exit")
+    g.add_argument("--ggml-lib", default=None, metavar="PATH",
+                   help="directory of llama.cpp's libggml.so, libggml-base.so and libggml-cpu.so "
+                        "for the ggml column (default: $HINAMOE_GGML_LIB, else an installed "
+                        "llama-cpp-python)")
+    g.add_argument("--no-ggml", action="store_true",
+                   help="no ggml column even where ggml is found")
 
     g = p.add_argument_group("how")
     g.add_argument("--repeats", type=int, default=None,
@@ -149,6 +171,8 @@ class Point:
     speedup_vs_cpu_same: float | None = None
     speedup_vs_cpu_f32: float | None = None
     max_rel_diff_vs_cpu: float | None = None
+    speedup_vs_ggml: float | None = None  # ggml time / HinaMoE time, same point
+    max_rel_diff_vs_ggml: float | None = None
 
 
 def _resolve_models(names):
@@ -264,6 +288,11 @@ def run(args) -> int:
           f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa}"
           + (f", numa=fake:{args.numa_sim}" if args.numa_sim else "") + ")")
     print(probes.describe("before"))
+    from . import ggml_ffn
+
+    ggml, ggml_note = ggml_ffn.open_ggml(args) if run_hina else (None, "")
+    if ggml_note:
+        print(ggml_note)
 
     # Which (dtype, EP) sessions per model: HinaMoE for --dtypes; CPU EP for f32
     # (always, as the baseline) and f16 when asked.
@@ -279,7 +308,8 @@ def run(args) -> int:
 
     specs = _resolve_models(models)
     min_item = min(np_dtype(canon_dtype(d)).itemsize for d, _ in model_dtypes)
-    total = sum(len(eps) for _, eps in model_dtypes) * len(specs) * len(threads) * len(tokens)
+    total = (sum(len(eps) + (ggml is not None and "HinaMoE" in eps) for _, eps in model_dtypes)
+             * len(specs) * len(threads) * len(tokens))
     bar = None
     if tqdm is not None and not args.no_progress:
         bar = tqdm(total=total, unit="pt", desc="hina-bench ffn", dynamic_ncols=True,
@@ -310,6 +340,13 @@ def run(args) -> int:
                                            keep_weights=False, name="moe")
                 src = model_path(model)
                 del model
+                glayer = None
+                if ggml is not None and "HinaMoE" in eps:
+                    if bar:
+                        bar.set_postfix_str(f"{shape.name} {d}: ggml weights")
+                    gpath = mdir / "ggml.weights"
+                    glayer = ggml_ffn.GgmlMoE(ggml, cfg, gpath,
+                                              ggml_ffn.write_ggml_weights(src, cfg, gpath), threads[0])
                 layers.append(dict(model=shape.name, dtype=d, experts=experts, active=active,
                                    hidden=shape.hidden, inter=shape.inter, k=shape.k,
                                    layer_bytes=cfg.total_weight_bytes(),
@@ -339,8 +376,16 @@ def run(args) -> int:
                                                dtype=np_dtype(cfg.dtype))
                             warm = args.warmup if args.warmup is not None else max(2, plan.period)
                             between = probes.between(thr)
-                            times, out = _time_point(sess, cfg, plan, xs_by_n[n], repeats, warm,
-                                                     between)
+                            with_ggml = glayer is not None and ep == "HinaMoE"
+                            if with_ggml:
+                                glayer.set_threads(thr)
+                                gbetween = probes.between(thr)
+                                times, out, gtimes, gout = ggml_ffn.time_point(
+                                    sess, cfg, plan, xs_by_n[n], repeats, warm, between, gbetween,
+                                    glayer)
+                            else:
+                                times, out = _time_point(sess, cfg, plan, xs_by_n[n], repeats, warm,
+                                                         between)
                             med = statistics.median(times)
                             touched = active * cfg.expert_weight_bytes()
                             pt = Point(model=shape.name, dtype=d, ep=ep, threads=thr,
@@ -350,6 +395,16 @@ def run(args) -> int:
                                        min_ms=min(times), times_ms=[round(t, 4) for t in times],
                                        gbs=touched / (med * 1e-3) / 1e9)
                             probes.record(pt, between)
+                            if with_ggml:
+                                gmed = statistics.median(gtimes)
+                                gpt = replace(pt, ep="ggml", median_ms=gmed, min_ms=min(gtimes),
+                                              times_ms=[round(t, 4) for t in gtimes],
+                                              gbs=touched / (gmed * 1e-3) / 1e9)
+                                probes.record(gpt, gbetween)
+                                pt.max_rel_diff_vs_ggml = ggml_ffn.max_rel_diff(gout, out)
+                                points.append(gpt)
+                                if bar:
+                                    bar.update(1)
                             key = (n, thr)
                             o64 = out.astype(np.float64)
                             if key in ref_out:
@@ -363,6 +418,8 @@ def run(args) -> int:
                                 bar.update(1)
                         del sess
                         gc.collect()
+                if glayer is not None:
+                    glayer.close()
                 shutil.rmtree(mdir, ignore_errors=True)
     finally:
         if bar:
@@ -389,6 +446,13 @@ def run(args) -> int:
     if probes.interleave:
         print(probes.describe_interleaved(points))
     print_table(points)
+    if ggml_note and ggml is None:
+        print(ggml_note)
+    for p in points:
+        lim = ggml_ffn.DIFF_LIMIT.get(p.dtype)
+        if p.max_rel_diff_vs_ggml is not None and lim and p.max_rel_diff_vs_ggml > lim:
+            print(f"warning: {p.model} {p.dtype} n={p.tokens_per_expert}: HinaMoE and ggml differ by "
+                  f"{p.max_rel_diff_vs_ggml:.1e} (> {lim:.0e}): not the same computation", file=sys.stderr)
     elapsed = time.time() - t_start
     print(f"({len(points)} points in {elapsed:.0f} s)")
     if probes.warning():
@@ -403,10 +467,16 @@ def run(args) -> int:
             tier=tier, isa=args.isa, numa_sim=args.numa_sim,
             **probes.meta(), repeats=repeats, seed=args.seed,
             layers=layers, elapsed_s=elapsed,
+            ggml=(dict(available=True, version=ggml.version, commit=ggml.commit,
+                       lib_dir=str(ggml.lib_dir), origin=ggml.origin,
+                       cpu_features=ggml.cpu_features) if ggml is not None else
+                  dict(available=False, note=ggml_note or "--no-ggml")),
             notes=["gbs = active experts' weight bytes in the model dtype / median time",
                    "CPU EP converts f16 weights to f32 at session creation",
                    "speedup_vs_cpu_same: CPU EP on the same dtype model (f32/f16)",
-                   "speedup_vs_cpu_f32: CPU EP on the f32 model"])
+                   "speedup_vs_cpu_f32: CPU EP on the f32 model",
+                   "speedup_vs_ggml: ggml time / HinaMoE time on the same point (ep 'ggml': "
+                   "llama.cpp's MoE FFN graph on ggml's CPU backend)"])
         res = dict(meta=meta, points=[asdict(p) for p in points])
         (out / "results.json").write_text(json.dumps(res, indent=1))
         print(f"wrote {out / 'results.json'}")
@@ -422,6 +492,8 @@ def run(args) -> int:
 def _fill_speedups(points: list[Point]) -> None:
     cpu = {(p.model, p.dtype, p.threads, p.tokens_per_expert): p.median_ms
            for p in points if p.ep == "CPU"}
+    ggml = {(p.model, p.dtype, p.threads, p.tokens_per_expert): p.median_ms
+            for p in points if p.ep == "ggml"}
     for p in points:
         if p.ep != "HinaMoE":
             continue
@@ -431,3 +503,6 @@ def _fill_speedups(points: list[Point]) -> None:
             p.speedup_vs_cpu_same = same / p.median_ms
         if f32:
             p.speedup_vs_cpu_f32 = f32 / p.median_ms
+        g = ggml.get((p.model, p.dtype, p.threads, p.tokens_per_expert))
+        if g:
+            p.speedup_vs_ggml = g / p.median_ms

@@ -18,9 +18,9 @@ def _bw_note(points) -> str:
 
 
 def print_table(points) -> None:
-    """One row per point, grouped by model; speed-ups are CPU EP time / HinaMoE time."""
+    """One row per point, grouped by model; speed-ups are CPU EP (or ggml) time / HinaMoE time."""
     head = (f"{'model':<16}{'dtype':>6}{'EP':>8}{'thr':>4}{'n/exp':>6}{'T':>4}"
-            f"{'ms':>10}{'GB/s':>8}{'%BW':>6}{'%BWmax':>7}{'%roof':>6}{'x CPU':>7}{'x CPUf32':>9}{'diff':>9}")
+            f"{'ms':>10}{'GB/s':>8}{'%BW':>6}{'%BWmax':>7}{'%roof':>6}{'x CPU':>7}{'x CPUf32':>9}{'x ggml':>7}{'diff':>9}")
     print()
     print(head)
     print("-" * len(head))
@@ -37,6 +37,7 @@ def print_table(points) -> None:
               f"{p.tokens:>4}{p.median_ms:>10.3f}{p.gbs:>8.1f}{_fmt(p.pct_bw, '.0f'):>6}"
               f"{_fmt(p.pct_bw_max_probe, '.0f'):>7}{_fmt(p.pct_roof, '.0f'):>6}"
               f"{_fmt(p.speedup_vs_cpu_same, '.2f'):>7}{_fmt(p.speedup_vs_cpu_f32, '.2f'):>9}"
+              f"{_fmt(getattr(p, 'speedup_vs_ggml', None), '.2f'):>7}"
               f"{_fmt(p.max_rel_diff_vs_cpu, '.1e'):>9}")
     print()
     print("n/exp = tokens per active expert; T = tokens; GB/s = weight bytes touched (model "
@@ -44,6 +45,7 @@ def print_table(points) -> None:
           "%BWmax = of the max of the read-bandwidth probes before/after all points;\n"
           "%roof = of min(the read bandwidth %BW uses, FMA peak x bytes per weight / n/exp);\n"
           "x CPU = speed-up over ORT's CPU EP on the same dtype, x CPUf32 = over the CPU EP's f32 model;\n"
+          "x ggml = ggml time / HinaMoE time (> 1: HinaMoE faster; EP ggml = llama.cpp's MoE FFN on ggml);\n"
           "diff = max |HinaMoE - CPU EP| / max |CPU EP| on the same inputs.")
 
 
@@ -59,19 +61,20 @@ def plot_latency(points, path, meta=None) -> Path:
     threads = sorted({p.threads for p in points})
     fig, axes = plt.subplots(len(threads), len(models), squeeze=False,
                              figsize=(4.6 * len(models), 3.6 * len(threads)))
-    styles = {"HinaMoE": "-", "CPU": "--"}
+    styles = {"HinaMoE": "-", "CPU": "--", "ggml": ":"}
+    names = {"HinaMoE": "HinaMoE", "CPU": "ORT CPU EP", "ggml": "ggml"}
     colors = {"f32": "tab:blue", "f16": "tab:orange", "bf16": "tab:green"}
     for r, thr in enumerate(threads):
         for c, model in enumerate(models):
             ax = axes[r][c]
             sel = [p for p in points if p.model == model and p.threads == thr]
-            for ep in ("HinaMoE", "CPU"):
+            for ep in ("HinaMoE", "CPU", "ggml"):
                 for dt in ("f32", "f16", "bf16"):
                     line = sorted((p for p in sel if p.ep == ep and p.dtype == dt),
                                   key=lambda p: p.tokens_per_expert)
                     if not line:
                         continue
-                    label = f"{'HinaMoE' if ep == 'HinaMoE' else 'ORT CPU EP'} {dt}"
+                    label = f"{names[ep]} {dt}"
                     ax.plot([p.tokens_per_expert for p in line], [p.median_ms for p in line],
                             styles[ep], marker="o", ms=4, color=colors[dt], label=label)
             ax.set_xscale("log", base=2)
