@@ -15,6 +15,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "qmoe_i8.h"
 #include "tile_ops.h"
 
@@ -102,9 +106,28 @@ class QI8MicroKernel {
     if (w1 && t1) ops_.template zero<7>();
   }
 
-  // Bytes [k, k + ks) of `rows` 4-bit rows (stride rb bytes) as one byte
-  // per code, in k order (element 2i is the low nibble of byte i).
+  // Codes [k, k + ks) of `rows` 4-bit rows (stride rb bytes) as one byte
+  // per code, in k order (element 2i is the low nibble of byte i). SSE2
+  // (baseline x86-64): 16 packed bytes -> 32 codes in four instructions.
   static void widen4(const uint8_t* A, int rows, int64_t rb, int64_t k, int ks, uint8_t (*dst)[64]) {
+#if defined(__SSE2__)
+    const __m128i lo4 = _mm_set1_epi8(0x0f);
+    for (int r = 0; r < rows; ++r) {
+      const uint8_t* src = A + r * rb + k / 2;
+      if (ks == 16) {  // 8 packed bytes
+        const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src));
+        const __m128i lo = _mm_and_si128(v, lo4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), lo4);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[r]), _mm_unpacklo_epi8(lo, hi));
+        continue;
+      }
+      for (int i = 0; i < ks / 2; i += 16) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+        const __m128i lo = _mm_and_si128(v, lo4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), lo4);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[r] + 2 * i), _mm_unpacklo_epi8(lo, hi));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[r] + 2 * i + 16), _mm_unpackhi_epi8(lo, hi));
+      }
+    }
+#else
     for (int r = 0; r < rows; ++r) {
       const uint8_t* src = A + r * rb + k / 2;
       for (int i = 0; i < ks / 2; ++i) {
@@ -112,6 +135,7 @@ class QI8MicroKernel {
         dst[r][2 * i + 1] = src[i] >> 4;
       }
     }
+#endif
   }
 
   // LDTILECFG only when the shape changes (it also zeroes the tiles).
