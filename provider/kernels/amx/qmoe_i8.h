@@ -42,7 +42,7 @@ struct AmxI8Weight {
                                          // [N, ceil(nb/pack)], block b of row n in byte
                                          // n*ceil(nb/pack) + b/pack at bit (b%pack)*bits, pack = 8/bits
   int bits = 4;                          // 4 or 8
-  int64_t N = 0, K = 0, block = 0;       // block: 16..256, a power of two; K % block == 0
+  int64_t N = 0, K = 0, block = 0;       // block: a power of two in [16, 65536]; K % block == 0
 };
 
 // Tokens quantised per block of K: element (k, m) of q at vnni_i8_index(k, m, M).

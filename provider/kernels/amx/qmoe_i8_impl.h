@@ -84,7 +84,8 @@ class QI8MicroKernel {
         float* o = out + r * 32;
         for (int c = 0; c < mt; ++c) {
           const int64_t i = (mb + c) * nb + b;
-          // int64: zp * sum can reach 255 * 127 * 256, the difference more.
+          // The tile's int32 sum cannot wrap: |code * q| <= 255 * 128 and a
+          // block has <= 65536 codes (2139095040 < 2^31); zp * sum needs int64.
           const int64_t dot = int64_t(acc_[r][c]) - int64_t(zp) * x.sum[i];
           o[c] += sw * x.scale[i] * float(dot);
         }

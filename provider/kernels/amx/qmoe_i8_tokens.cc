@@ -13,8 +13,9 @@ namespace hinamoe {
 std::string amx_i8_unsupported_reason(const AmxI8Weight& w, const AmxI8Tokens& x) {
   const auto s = [](int64_t v) { return std::to_string(v); };
   if (w.bits != 4 && w.bits != 8) return "expert_weight_bits " + s(w.bits) + " (only 4 and 8)";
-  if (w.block < 16 || w.block > 256 || (w.block & (w.block - 1)) != 0)
-    return "block_size " + s(w.block) + " (needs a power of two in [16, 256])";
+  // Above 65536 codes a block's int32 tile sum could wrap (255 * 128 each).
+  if (w.block < 16 || w.block > 65536 || (w.block & (w.block - 1)) != 0)
+    return "block_size " + s(w.block) + " (needs a power of two in [16, 65536])";
   if (w.K <= 0 || w.K % w.block != 0) return "K " + s(w.K) + " is not a positive multiple of block_size " + s(w.block);
   if (w.N < 0) return "N " + s(w.N) + " is negative";
   if (w.codes == nullptr || w.scales == nullptr) return "weight codes or scales missing";

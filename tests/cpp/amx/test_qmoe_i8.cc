@@ -1,7 +1,7 @@
 // The AMX-INT8 QMoE block kernel through the tile emulator: the token
 // quantiser against its definition, the block kernel against an int64 /
 // float64 reference on random codes, scales, zero points and tokens (4- and
-// 8-bit, block 16..256, N and M edges, sub-ranges of rows), how it uses its
+// 8-bit, block 16..1024, N and M edges, sub-ranges of rows), how it uses its
 // tiles (codes in place, TDPBUSD only), the input checks, and (where the CPU
 // has AMX-INT8) real tiles against the emulator.
 #include <algorithm>
@@ -186,12 +186,12 @@ TEST(qmoe_i8_block_emu_vs_int64_reference) {
   double worst = 0;
   int runs = 0;
   for (int bits : {4, 8}) {
-    for (int64_t block : {16, 32, 64, 128, 256}) {
+    for (int64_t block : {16, 32, 64, 128, 256, 1024}) {
       for (bool zp : {false, true}) {
         // N edges around the 16/32-row tiles; K one or several blocks; M over 1..32 (and 33+: two token blocks).
         const int64_t Ns[] = {1, 7, 16, 17, 32, 33, int64_t(40 + g() % 30)};
         for (int64_t N : Ns) {
-          const int64_t K = block * int64_t(1 + g() % (block >= 128 ? 3 : 6));
+          const int64_t K = block * int64_t(1 + g() % (block >= 1024 ? 1 : block >= 128 ? 3 : 6));
           const int64_t M = g() % 8 == 0 ? int64_t(33 + g() % 16) : int64_t(1 + g() % 32);
           const QW w = make_weight(g, bits, N, K, block);
           const QT x = make_tokens(g, M, K, block);
@@ -396,7 +396,7 @@ TEST(qmoe_i8_unsupported_inputs_are_named) {
     return amx_i8_unsupported_reason(w, t);
   };
   CHECK(reason([](AmxI8Weight& w, AmxI8Tokens&) { w.bits = 2; }).find("expert_weight_bits 2") != std::string::npos);
-  for (int64_t bs : {8, 48, 512, 0}) {
+  for (int64_t bs : {8, 48, 96, 131072, 0}) {
     const std::string r = reason([&](AmxI8Weight& w, AmxI8Tokens& t) { w.block = bs; t.block = bs; });
     CHECK_MSG(r.find("block_size " + std::to_string(bs)) != std::string::npos, r);
   }
