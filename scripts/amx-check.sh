@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # HinaMoE's AMX checks, for a machine that has AMX (lscpu shows amx_tile):
-# the C++ kernel tests on silicon (real TDPBF16PS against the tile emulator),
-# the pytest cases that select isa=amx / amx-emu, the kernel micro-benchmark
-# (amx and avx2 tiers), and hina-bench ffn / gqa with isa=amx and isa=avx2.
+# the C++ kernel tests on silicon (real TDPBF16PS and TDPB[SU][SU]D against the
+# tile emulator, the bf16 and the AMX-INT8 QMoE kernels against their
+# emulated runs), the pytest cases that select isa=amx / amx-emu, the kernel
+# micro-benchmarks (bf16: amx and avx2 tiers; AMX-INT8 QMoE block kernel),
+# and hina-bench ffn / gqa with isa=amx and isa=avx2.
 #
 #   scripts/amx-check.sh [OUT_DIR]             build here with pip, then check
 #   scripts/amx-check.sh --prepare DIR         on any x86-64 machine: build the
@@ -23,7 +25,7 @@ build_into() {  # build_into DIR: the package (pip --target) and the C++ kernel 
   python3 -m pip install --quiet --no-deps --target "$dir/site" . || return 1
   cmake -S provider/kernels -B "$dir/kernels" -DCMAKE_BUILD_TYPE=Release > "$dir/kernel-build.log" || return 1
   cmake --build "$dir/kernels" -j "$(nproc)" \
-    --target hinamoe_kernel_tests hinamoe_kernel_bench hinamoe_gqa_bench >> "$dir/kernel-build.log" || return 1
+    --target hinamoe_kernel_tests hinamoe_kernel_bench hinamoe_gqa_bench hinamoe_qmoe_i8_bench >> "$dir/kernel-build.log" || return 1
 }
 
 if [[ "${1:-}" == "--prepare" ]]; then
@@ -69,6 +71,9 @@ timeout 30 python3 -m hinamoe
 step "C++ kernel tests (real AMX against the emulator included)"
 timeout 300 "$bin/hinamoe_kernel_tests" > "$out/kernel-tests.txt" 2>&1
 echo "rc=$?"; grep -E "tiers here|FAIL|passed" "$out/kernel-tests.txt"
+echo "AMX-INT8 (real tiles against the emulator; 'skipped' means the CPU lacks AMX-INT8):"
+grep -E -B1 "^real_amx_(int8|qmoe_i8)" "$out/kernel-tests.txt" | grep -E "skipped|^real_amx"
+grep -E "FAIL \[real_amx_(int8|qmoe_i8)" "$out/kernel-tests.txt" | head -5
 
 step "pytest: the isa=amx and amx-emu cases"
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_ep_correctness.py tests/test_numa_ep.py \
@@ -79,6 +84,12 @@ for tier in amx avx2; do
   for t in ${threads//,/ }; do
     timeout 90 "$bin/hinamoe_kernel_bench" --tier $tier --shape both --dtype bf16 --m 1,2,4,8,16 --threads "$t"
   done
+done
+
+step "AMX-INT8 QMoE block kernel micro-benchmark, int4 and int8, block 32"
+for t in ${threads//,/ }; do
+  timeout 120 "$bin/hinamoe_qmoe_i8_bench" --tier amx --shape both --bits 4,8 --block 32 --m 1,2,4,8,16 \
+    --threads "$t" | tee -a "$out/qmoe-i8-bench.txt"
 done
 
 step "hina-bench ffn, bf16, isa=amx and avx2 (no CPU EP column: its f32 models take minutes to build)"

@@ -1,5 +1,6 @@
-// AMX detection: CPUID.7.0:EDX[24] AMX-TILE and [22] AMX-BF16, XCR0[17]
-// XTILECFG and [18] XTILEDATA enabled by the OS, and Linux's
+// AMX detection: CPUID.7.0:EDX[24] AMX-TILE and [22] AMX-BF16 ([25] AMX-INT8
+// for the int8 kernels), XCR0[17] XTILECFG and [18] XTILEDATA enabled by the
+// OS, and Linux's
 // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) — without the last,
 // the first tile instruction that touches TILEDATA raises SIGILL.
 #include "amx_detect.h"
@@ -65,10 +66,19 @@ std::string amx_unavailable_reason() {
   return reason;
 }
 
+std::string amx_int8_unavailable_reason() {
+  const std::string r = amx_unavailable_reason();
+  if (!r.empty()) return r;
+  unsigned a, b, c, d;
+  __cpuid_count(7, 0, a, b, c, d);
+  return (d & (1u << 25)) ? "" : "CPU lacks AMX-INT8 (CPUID.7.0:EDX[25])";
+}
+
 #else
 
 std::string amx_cpu_os_reason() { return "AMX detection needs an x86-64 Linux build"; }
 std::string amx_unavailable_reason() { return amx_cpu_os_reason(); }
+std::string amx_int8_unavailable_reason() { return amx_cpu_os_reason(); }
 
 #endif
 

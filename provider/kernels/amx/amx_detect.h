@@ -16,4 +16,8 @@ std::string amx_unavailable_reason();
 // same messages, "" if CPUID and XCR0 allow AMX.
 std::string amx_cpu_os_reason();
 
+// "" when the AMX-INT8 kernels (qmoe_i8.h *_amx) may run: everything
+// amx_unavailable_reason() checks, plus AMX-INT8 (CPUID.7.0:EDX[25]).
+std::string amx_int8_unavailable_reason();
+
 }  // namespace hinamoe

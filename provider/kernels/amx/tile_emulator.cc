@@ -1,5 +1,5 @@
 // TileEmulator: the SDM pseudocode of LDTILECFG, TILELOADD(T1), TILESTORED,
-// TILEZERO and TDPBF16PS, executed in plain C++.
+// TILEZERO, TDPBF16PS and TDPB[SU][SU]D, executed in plain C++.
 #include "tile_emulator.h"
 
 #include <cmath>
@@ -118,24 +118,52 @@ void TileEmulator::tilestored(int t, void* base, int64_t stride) const {
   for (int r = 0; r < rows_[t]; ++r) std::memcpy(p + r * stride, reg_[t][r], colsb_[t]);
 }
 
-void TileEmulator::tdpbf16ps(int dst, int a, int b) {
-  need_tile(dst, "tdpbf16ps");
-  need_tile(a, "tdpbf16ps");
-  need_tile(b, "tdpbf16ps");
+void TileEmulator::check_dot_operands(int dst, int a, int b, const char* insn) const {
+  need_tile(dst, insn);
+  need_tile(a, insn);
+  need_tile(b, insn);
   const auto shape = [&](int t) {
     return tile_name(t) + "[" + std::to_string(rows_[t]) + "x" + std::to_string(colsb_[t]) + "B]";
   };
+  const std::string who = insn;
   if (dst == a || dst == b || a == b)
-    throw TileError("tdpbf16ps: operands must be distinct tiles (" + tile_name(dst) + ", " + tile_name(a) +
-                    ", " + tile_name(b) + ")");
-  if (colsb_[dst] % 4 || colsb_[a] % 4 || colsb_[b] % 4)
-    throw TileError("tdpbf16ps: colsb not a multiple of 4");
+    throw TileError(who + ": operands must be distinct tiles (" + tile_name(dst) + ", " + tile_name(a) + ", " +
+                    tile_name(b) + ")");
+  if (colsb_[dst] % 4 || colsb_[a] % 4 || colsb_[b] % 4) throw TileError(who + ": colsb not a multiple of 4");
   if (rows_[dst] != rows_[a])
-    throw TileError("tdpbf16ps: dst.rows != a.rows (" + shape(dst) + ", " + shape(a) + ")");
+    throw TileError(who + ": dst.rows != a.rows (" + shape(dst) + ", " + shape(a) + ")");
   if (colsb_[dst] != colsb_[b])
-    throw TileError("tdpbf16ps: dst.colsb != b.colsb (" + shape(dst) + ", " + shape(b) + ")");
+    throw TileError(who + ": dst.colsb != b.colsb (" + shape(dst) + ", " + shape(b) + ")");
   if (colsb_[a] / 4 != rows_[b])
-    throw TileError("tdpbf16ps: a.colsb/4 != b.rows (" + shape(a) + ", " + shape(b) + ")");
+    throw TileError(who + ": a.colsb/4 != b.rows (" + shape(a) + ", " + shape(b) + ")");
+}
+
+void TileEmulator::tdp_int8(int dst, int a, int b, bool a_signed, bool b_signed, const char* insn) {
+  check_dot_operands(dst, a, b, insn);
+  const auto ext = [](uint8_t v, bool sgn) { return sgn ? int32_t(int8_t(v)) : int32_t(v); };
+  const int M = rows_[dst], K = colsb_[a] / 4, N = colsb_[dst] / 4;
+  for (int m = 0; m < M; ++m) {
+    uint32_t row[16] = {};
+    for (int n = 0; n < N; ++n) std::memcpy(&row[n], reg_[dst][m] + 4 * n, 4);
+    const uint8_t* arow = reg_[a][m];
+    for (int k = 0; k < K; ++k) {
+      const uint8_t* bk = reg_[b][k];
+      for (int n = 0; n < N; ++n) {
+        // DPBD: four products (each fits in int32), added modulo 2^32.
+        uint32_t c = row[n];
+        for (int i = 0; i < 4; ++i)
+          c += uint32_t(ext(arow[4 * k + i], a_signed) * ext(bk[4 * n + i], b_signed));
+        row[n] = c;
+      }
+    }
+    std::memset(reg_[dst][m], 0, kMaxColsb);  // write_row_and_zero
+    std::memcpy(reg_[dst][m], row, size_t(N) * 4);
+  }
+  for (int m = M; m < kMaxRows; ++m) std::memset(reg_[dst][m], 0, kMaxColsb);  // zero_upper_rows
+}
+
+void TileEmulator::tdpbf16ps(int dst, int a, int b) {
+  check_dot_operands(dst, a, b, "tdpbf16ps");
 
   const int M = rows_[dst], K = colsb_[a] / 4, N = colsb_[dst] / 4;
   for (int m = 0; m < M; ++m) {

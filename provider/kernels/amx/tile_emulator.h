@@ -1,5 +1,5 @@
 // A software model of the eight AMX tile registers (palette 1) and of the
-// instructions the HiNa kernel uses. It checks what the hardware checks
+// instructions the HiNa kernels use (bf16 and int8 dot products). It checks what the hardware checks
 // (#GP on LDTILECFG, #UD on bad operands) and raises TileError instead, so a
 // kernel bug shows up as an exception on machines without AMX.
 #pragma once
@@ -43,6 +43,14 @@ class TileEmulator {
   // DAZ on inputs, FTZ on outputs, RNE, MXCSR ignored. A NaN result is the
   // default NaN 0xFFC00000 (payload/sign propagation is not modelled).
   void tdpbf16ps(int dst, int a, int b);
+  // dst[m][n] += sum over k of the four byte products a[m] dword k x b[k]
+  // dword n (each byte sign- or zero-extended as the mnemonic says: first
+  // letter a, second b; S signed, U unsigned), int32 adds wrapping around
+  // as the SDM's DPBD does (no saturation). Same operand checks as tdpbf16ps.
+  void tdpbssd(int dst, int a, int b) { tdp_int8(dst, a, b, true, true, "tdpbssd"); }
+  void tdpbsud(int dst, int a, int b) { tdp_int8(dst, a, b, true, false, "tdpbsud"); }
+  void tdpbusd(int dst, int a, int b) { tdp_int8(dst, a, b, false, true, "tdpbusd"); }
+  void tdpbuud(int dst, int a, int b) { tdp_int8(dst, a, b, false, false, "tdpbuud"); }
 
   bool configured() const { return configured_; }
   int rows(int t) const { return rows_[t]; }
@@ -52,6 +60,9 @@ class TileEmulator {
 
  private:
   void need_tile(int t, const char* insn) const;
+  // The #UD checks every TDP* instruction shares (distinct tiles, shapes).
+  void check_dot_operands(int dst, int a, int b, const char* insn) const;
+  void tdp_int8(int dst, int a, int b, bool a_signed, bool b_signed, const char* insn);
 
   bool configured_ = false;
   uint8_t rows_[kNumTiles] = {};

@@ -1,6 +1,6 @@
 // The tile-ops interface the HiNa micro-kernel is written against.
 //
-// One kernel source (hina_microkernel_impl.h) is a template over a TileOps
+// One kernel source (hina_microkernel_impl.h; qmoe_i8_impl.h) is a template over a TileOps
 // policy and is instantiated twice: with AmxTileOps (real instructions,
 // tile_ops_amx.h) and with EmuTileOps (software registers, tile_ops_emu.h).
 // A policy provides, with tile numbers as template arguments so the real one
@@ -11,6 +11,8 @@
 //   template <int T> void load(const void*, int64_t stride_bytes);         // TILELOADD
 //   template <int T> void stream_load(const void*, int64_t stride_bytes);  // TILELOADDT1
 //   template <int D, int A, int B> void dp_bf16();     // TDPBF16PS tmmD, tmmA, tmmB
+//   template <int D, int A, int B> void dp_ssd();      // TDPBSSD (and dp_sud, dp_usd, dp_uud:
+//                                                      // TDPBSUD, TDPBUSD, TDPBUUD; AMX-INT8)
 //   template <int T> void store(void*, int64_t stride_bytes) ;             // TILESTORED
 //   void staged(const void* p);   // compiler barrier: scalar writes to p are visible to tile loads
 //   void release();               // TILERELEASE

@@ -19,6 +19,9 @@
 #include "tile_ops.h"
 
 #define HINA_AMX_FN __attribute__((always_inline, target("amx-tile,amx-bf16"))) inline
+// The int8 dot products need AMX-INT8 on top: only translation units whose
+// pragma also names amx-int8 (qmoe_i8_amx.cc) may call them.
+#define HINA_AMX_I8_FN __attribute__((always_inline, target("amx-tile,amx-int8"))) inline
 
 // Expands F(0) .. F(7) as a sequence of `if constexpr` statements.
 #define HINA_AMX_LADDER8(F) F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7)
@@ -80,6 +83,32 @@ struct AmxTileOps {
 #undef HINA_DA
 #undef HINA_DB
   }
+
+  // TDPB[SU][SU]D tmmD, tmmA, tmmB (first letter: A's bytes, second: B's).
+#define HINA_I8_DB(insn, d, a, b) if constexpr (D == d && A == a && B == b) insn(d, a, b);
+#define HINA_I8_DA(insn, d, a) HINA_I8_DB(insn, d, a, 0) HINA_I8_DB(insn, d, a, 1) HINA_I8_DB(insn, d, a, 2) \
+    HINA_I8_DB(insn, d, a, 3) HINA_I8_DB(insn, d, a, 4) HINA_I8_DB(insn, d, a, 5) HINA_I8_DB(insn, d, a, 6) \
+    HINA_I8_DB(insn, d, a, 7)
+#define HINA_I8_DD(insn, d) HINA_I8_DA(insn, d, 0) HINA_I8_DA(insn, d, 1) HINA_I8_DA(insn, d, 2) \
+    HINA_I8_DA(insn, d, 3) HINA_I8_DA(insn, d, 4) HINA_I8_DA(insn, d, 5) HINA_I8_DA(insn, d, 6) HINA_I8_DA(insn, d, 7)
+#define HINA_I8_ALL(insn) HINA_I8_DD(insn, 0) HINA_I8_DD(insn, 1) HINA_I8_DD(insn, 2) HINA_I8_DD(insn, 3) \
+    HINA_I8_DD(insn, 4) HINA_I8_DD(insn, 5) HINA_I8_DD(insn, 6) HINA_I8_DD(insn, 7)
+#define HINA_I8_METHOD(name, insn)                                                             \
+  template <int D, int A, int B>                                                               \
+  HINA_AMX_I8_FN void name() {                                                                 \
+    static_assert(D >= 0 && D < 8 && A >= 0 && A < 8 && B >= 0 && B < 8, "tile number");       \
+    static_assert(D != A && D != B && A != B, #insn " operands must be distinct tiles");        \
+    HINA_I8_ALL(insn)                                                                          \
+  }
+  HINA_I8_METHOD(dp_ssd, _tile_dpbssd)
+  HINA_I8_METHOD(dp_sud, _tile_dpbsud)
+  HINA_I8_METHOD(dp_usd, _tile_dpbusd)
+  HINA_I8_METHOD(dp_uud, _tile_dpbuud)
+#undef HINA_I8_METHOD
+#undef HINA_I8_ALL
+#undef HINA_I8_DD
+#undef HINA_I8_DA
+#undef HINA_I8_DB
 
   HINA_AMX_FN void staged(const void* p) { asm volatile("" : : "r"(p) : "memory"); }
   HINA_AMX_FN void release() { _tile_release(); }
