@@ -21,9 +21,14 @@ class HinaEp : public OrtEp {
     // From "numa": null when off; the kernels split work by node when it has
     // more than one. Shared by the kernels of the session.
     std::shared_ptr<const hinamoe::numa::Topology> topology;
+    // From "qmoe_int8_activations": -1 = follow each QMoE node's
+    // accuracy_level (4: int8 tokens), 0 = float everywhere, 1 = int8 tokens
+    // on every block-wise QMoE node.
+    int qmoe_int8_activations = -1;
   };
 
-  // Reads provider options (session config "ep.hinamoe.<key>": isa, numa)
+  // Reads provider options (session config "ep.hinamoe.<key>": isa, numa,
+  // qmoe_int8_activations)
   // and the HINAMOE_ISA / HINAMOE_NUMA_TOPOLOGY environment variables; the
   // provider option wins. An unknown value is an error, so a typo fails
   // session creation loudly.
