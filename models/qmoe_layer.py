@@ -55,6 +55,7 @@ class QMoEConfig:
     swiglu_limit: float | None = None
     input_rank: int = 2
     scale_rank3_rowwise: bool = False  # row-wise scales as [E, N, 1]
+    random_codes: bool = False  # benchmarks: uniform random codes, no float weights, no w["deq"]
     extra_attrs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -118,6 +119,12 @@ def pack_zero_points(zp: np.ndarray, bits: int, blockwise: bool) -> np.ndarray:
 
 def _quantised(cfg: QMoEConfig, rows: int, cols: int, rng: np.random.Generator):
     dt = np_dtype(cfg.dtype)
+    if cfg.random_codes:  # GB-sized layers: no float64 weights
+        nb = cols // cfg.block_size if cfg.block_size else 1
+        packed = rng.integers(0, 256, size=(cfg.experts, rows, cols * cfg.bits // 8), dtype=np.uint8)
+        shape = (cfg.experts, rows, nb) if cfg.block_size else (cfg.experts, rows)
+        scales = (rng.uniform(0.5, 1.5, size=shape) / (np.sqrt(cols) * 2 ** (cfg.bits - 1))).astype(dt)
+        return packed, scales, None, None
     w = rng.uniform(-1, 1, size=(cfg.experts, rows, cols)) / np.sqrt(cols)
     packed, scales = qmoe_quant.quantize(w, cfg.bits, cfg.block_size)
     scales = scales.astype(dt)

@@ -1,13 +1,13 @@
 // The AVX2 quantised kernels: codes decoded in registers straight from the
 // packed rows (never a dequantised copy), several rows at once so several
-// weight streams are in flight, the per-block scale folded in once per block
-// after an inner dot product, and the zero point applied through per-token
-// block sums of x (sum_k (q - zp) x = sum_k q x - zp * sum_k x).
+// weight streams are in flight, a software prefetch ahead on each.
 //   float path: 8 codes -> 8 int32 (4-bit: one broadcast dword shifted by
-//     0,4,..,28, which is exactly the order of the nibbles) -> float -> FMA;
+//     0,4,..,28, which is exactly the order of the nibbles) -> float ->
+//     weights by one FMA (q * s - zp * s) -> one FMA per token;
 //   int8 path (accuracy_level 4): 32 codes x 32 int8 tokens per
-//     vpmaddubsw + vpmaddwd (8-bit: codes - 128 via sign/abs, so no
-//     int16 overflow).
+//     vpmaddubsw + vpmaddwd (8-bit: codes - 128 via sign/abs, so no int16
+//     overflow), the block's scales folded in after the integer dot, the
+//     zero point through the tokens' per-block code sums.
 // Only the functions below carry target attributes (see gemm_rows_avx2.cc).
 #include <immintrin.h>
 
@@ -30,32 +30,39 @@ HQ_INLINE float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+template <DType SDT>
 HQ_INLINE float scale_at(const QWeight& w, int64_t n, int64_t b) {
   const int64_t i = n * w.nb + b;
-  switch (w.scale_dtype) {
-    case DType::F32: return static_cast<const float*>(w.scales)[i];
-    case DType::F16: return _cvtsh_ss(static_cast<const uint16_t*>(w.scales)[i]);
-    default: return bf16_to_f32(static_cast<const uint16_t*>(w.scales)[i]);
-  }
+  if constexpr (SDT == DType::F32) return static_cast<const float*>(w.scales)[i];
+  else if constexpr (SDT == DType::F16) return _cvtsh_ss(static_cast<const uint16_t*>(w.scales)[i]);
+  else return bf16_to_f32(static_cast<const uint16_t*>(w.scales)[i]);
 }
 
-// 8 codes of a row starting at element k (k a multiple of 8) as floats.
+// The zero point of (row n, block b); without zero points the constant 2^(bits-1).
+template <int BITS, bool ZP>
+HQ_INLINE int zero_at(const QWeight& w, int64_t n, int64_t b) {
+  if constexpr (!ZP) return 1 << (BITS - 1);
+  else return w.zero_point(n, b);
+}
+
+// 8 codes of a row starting at element k (k a multiple of 8) as int32.
 template <int BITS>
-HQ_INLINE __m256 decode8(const uint8_t* row, int64_t k) {
+HQ_INLINE __m256i codes8(const uint8_t* row, int64_t k) {
   if constexpr (BITS == 4) {
     int32_t d;
     __builtin_memcpy(&d, row + k / 2, 4);
     const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(d), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-    return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xF)));
+    return _mm256_and_si256(v, _mm256_set1_epi32(0xF));
   } else {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k))));
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k)));
   }
 }
 
-// Rows [n, n+R) x tokens [0, T): Y[t*ldy + r] = dot over K.
-template <int BITS, int R, int T>
-HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, const float* xsum, float* Y,
-                   int64_t ldy) {
+// Rows [n, n+R) x tokens [0, T): Y[t*ldy + r] = dot over K. Each group of 8
+// codes becomes weights with one FMA, q * s + (-zp * s), shared by the T
+// tokens; no cancellation, no per-block epilogue.
+template <int BITS, int R, int T, DType SDT, bool ZP>
+HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
   const int64_t rb = w.row_bytes(), bs = w.block, kv = bs / 8 * 8;
   const uint8_t* row[R];
   for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
@@ -68,9 +75,12 @@ HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, con
     }
   for (int64_t b = 0; b < w.nb; ++b) {
     const int64_t k0 = b * bs;
-    __m256 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    __m256 sv[R], zv[R];
+    for (int r = 0; r < R; ++r) {
+      const float s = scale_at<SDT>(w, n + r, b);
+      sv[r] = _mm256_set1_ps(s);
+      zv[r] = _mm256_set1_ps(-float(zero_at<BITS, ZP>(w, n + r, b)) * s);
+    }
     for (int64_t k = k0; k < k0 + kv; k += 8) {
       if (((k * BITS / 8) & 63) == 0)
         for (int r = 0; r < R; ++r)
@@ -78,65 +88,61 @@ HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, con
       __m256 xv[T];
       for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(X + t * ldx + k);
       for (int r = 0; r < R; ++r) {
-        const __m256 wf = decode8<BITS>(row[r], k);
-        for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(wf, xv[t], acc[r][t]);
+        const __m256 wf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(codes8<BITS>(row[r], k)), sv[r], zv[r]);
+        for (int t = 0; t < T; ++t) tot[r][t] = _mm256_fmadd_ps(wf, xv[t], tot[r][t]);
       }
     }
-    for (int r = 0; r < R; ++r) {
-      const float s = scale_at(w, n + r, b);
-      const float zp = float(w.zero_point(n + r, b));
-      const __m256 sv = _mm256_set1_ps(s);
-      for (int t = 0; t < T; ++t) {
-        tot[r][t] = _mm256_fmadd_ps(acc[r][t], sv, tot[r][t]);
-        float tail = 0.0f;  // row-wise K not a multiple of 8
-        for (int64_t k = k0 + kv; k < k0 + bs; ++k) tail += float(w.code(n + r, k)) * X[t * ldx + k];
-        extra[r][t] += s * (tail - zp * xsum[t * w.nb + b]);
+    if (kv != bs)  // row-wise K not a multiple of 8
+      for (int r = 0; r < R; ++r) {
+        const float s = scale_at<SDT>(w, n + r, b), zp = float(zero_at<BITS, ZP>(w, n + r, b));
+        for (int t = 0; t < T; ++t)
+          for (int64_t k = k0 + kv; k < k0 + bs; ++k) extra[r][t] += (float(w.code(n + r, k)) - zp) * s * X[t * ldx + k];
       }
-    }
   }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) Y[t * ldy + r] = hsum(tot[r][t]) + extra[r][t];
 }
 
-// Integer dot of 32 codes (element k, a multiple of 32) with 32 int8 tokens
-// (4-bit: tokens in even_odd order), as 8 int32 partial sums.
+// 32 codes at element k (a multiple of 32) as the unsigned operand of
+// vpmaddubsw, and the signs to put on the tokens: 4-bit, the codes in the
+// even_odd order of the tokens (sign unused); 8-bit, |q - 128| and q - 128.
 template <int BITS>
-HQ_INLINE __m256i dot32(const uint8_t* row, int64_t k, const int8_t* xq) {
-  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k));
-  __m256i p;
+HQ_INLINE void codes32(const uint8_t* row, int64_t k, __m256i* u, __m256i* sgn) {
   if constexpr (BITS == 4) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
     const __m128i m = _mm_set1_epi8(0x0F);
     const __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
-    const __m256i q = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
-    p = _mm256_maddubs_epi16(q, x);
+    *u = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
   } else {
-    const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k)),
-                                       _mm256_set1_epi8(char(0x80)));  // q - 128 as int8
-    p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q));
+    *sgn = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k)),
+                            _mm256_set1_epi8(char(0x80)));  // q - 128 as int8
+    *u = _mm256_abs_epi8(*sgn);
   }
-  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
-// The same for 16 codes (blocks of 16), zero-extended to 8 int32 lanes.
+// The same for 16 codes (blocks of 16), in the low lane.
 template <int BITS>
-HQ_INLINE __m256i dot16(const uint8_t* row, int64_t k, const int8_t* xq) {
-  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + k));
-  __m128i p;
+HQ_INLINE void codes16(const uint8_t* row, int64_t k, __m256i* u, __m256i* sgn) {
   if constexpr (BITS == 4) {
     const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k / 2));
     const __m128i m = _mm_set1_epi8(0x0F);
-    const __m128i q = _mm_unpacklo_epi64(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
-    p = _mm_maddubs_epi16(q, x);
+    *u = _mm256_zextsi128_si256(_mm_unpacklo_epi64(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m)));
   } else {
     const __m128i q = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)),
                                     _mm_set1_epi8(char(0x80)));
-    p = _mm_maddubs_epi16(_mm_abs_epi8(q), _mm_sign_epi8(x, q));
+    *sgn = _mm256_zextsi128_si256(q);
+    *u = _mm256_zextsi128_si256(_mm_abs_epi8(q));
   }
-  return _mm256_zextsi128_si256(_mm_madd_epi16(p, _mm_set1_epi16(1)));
 }
 
-template <int BITS, int R, int T>
+// acc += pairwise-summed products of codes and tokens x, as 8 int32.
+template <int BITS>
+HQ_INLINE __m256i dot_acc(__m256i acc, __m256i u, __m256i sgn, __m256i x) {
+  const __m256i p = BITS == 4 ? _mm256_maddubs_epi16(u, x) : _mm256_maddubs_epi16(u, _mm256_sign_epi8(x, sgn));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+template <int BITS, int R, int T, DType SDT, bool ZP>
 HQ_FN void micro_i8(const QWeight& w, int64_t n, const QTokens& x, float* Y, int64_t ldy) {
   const int64_t rb = w.row_bytes(), bs = w.block;
   const uint8_t* row[R];
@@ -158,16 +164,29 @@ HQ_FN void micro_i8(const QWeight& w, int64_t n, const QTokens& x, float* Y, int
       if (((k * BITS / 8) & 63) == 0)
         for (int r = 0; r < R; ++r)
           _mm_prefetch(reinterpret_cast<const char*>(row[r] + k * BITS / 8 + kPrefetchBytes), _MM_HINT_T0);
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) acc[r][t] = _mm256_add_epi32(acc[r][t], dot32<BITS>(row[r], k, x.q + t * x.ld));
+      __m256i xv[T];
+      for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + t * x.ld + k));
+      for (int r = 0; r < R; ++r) {
+        __m256i u, sgn = _mm256_setzero_si256();
+        codes32<BITS>(row[r], k, &u, &sgn);
+        for (int t = 0; t < T; ++t) acc[r][t] = dot_acc<BITS>(acc[r][t], u, sgn, xv[t]);
+      }
     }
-    if (k < k0 + bs)  // a 16-element block
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) acc[r][t] = _mm256_add_epi32(acc[r][t], dot16<BITS>(row[r], k, x.q + t * x.ld));
+    if (k < k0 + bs) {  // a 16-element block
+      __m256i xv[T];
+      for (int t = 0; t < T; ++t)
+        xv[t] = _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.q + t * x.ld + k)));
+      for (int r = 0; r < R; ++r) {
+        __m256i u, sgn = _mm256_setzero_si256();
+        codes16<BITS>(row[r], k, &u, &sgn);
+        for (int t = 0; t < T; ++t) acc[r][t] = dot_acc<BITS>(acc[r][t], u, sgn, xv[t]);
+      }
+    }
     for (int r = 0; r < R; ++r) {
-      const float sw = scale_at(w, n + r, b);
+      const float sw = scale_at<SDT>(w, n + r, b);
       // 4-bit: sum q x - zp sum x; 8-bit: sum (q-128) x + (128 - zp) sum x.
-      const int zterm = BITS == 4 ? -w.zero_point(n + r, b) : 128 - w.zero_point(n + r, b);
+      const int zp = zero_at<BITS, ZP>(w, n + r, b);
+      const int zterm = BITS == 4 ? -zp : 128 - zp;
       for (int t = 0; t < T; ++t) {
         const float s = sw * x.scale[t * x.nb + b];
         tot[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][t]), _mm256_set1_ps(s), tot[r][t]);
@@ -180,30 +199,29 @@ HQ_FN void micro_i8(const QWeight& w, int64_t n, const QTokens& x, float* Y, int
 }
 
 // Token tiles of up to 3, row tiles as wide as the registers allow.
-template <int BITS>
-void qgemm_avx2(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, const float* xsum,
-                int64_t M, float* Y, int64_t ldy) {
+template <int BITS, DType SDT, bool ZP>
+void qgemm_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
+             int64_t ldy) {
   for (int64_t m = 0; m < M; m += 3) {
     const int64_t T = std::min<int64_t>(3, M - m);
     const float* x = X + m * ldx;
-    const float* xs = xsum + m * w.nb;
     float* y = Y + m * ldy;
     int64_t n = n0;
     if (T == 1) {
-      for (; n + 4 <= n1; n += 4) micro_f<BITS, 4, 1>(w, n, x, ldx, xs, y + (n - n0), ldy);
-      for (; n < n1; ++n) micro_f<BITS, 1, 1>(w, n, x, ldx, xs, y + (n - n0), ldy);
+      for (; n + 4 <= n1; n += 4) micro_f<BITS, 4, 1, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
+      for (; n < n1; ++n) micro_f<BITS, 1, 1, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
     } else if (T == 2) {
-      for (; n + 3 <= n1; n += 3) micro_f<BITS, 3, 2>(w, n, x, ldx, xs, y + (n - n0), ldy);
-      for (; n < n1; ++n) micro_f<BITS, 1, 2>(w, n, x, ldx, xs, y + (n - n0), ldy);
+      for (; n + 3 <= n1; n += 3) micro_f<BITS, 3, 2, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
+      for (; n < n1; ++n) micro_f<BITS, 1, 2, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
     } else {
-      for (; n + 2 <= n1; n += 2) micro_f<BITS, 2, 3>(w, n, x, ldx, xs, y + (n - n0), ldy);
-      for (; n < n1; ++n) micro_f<BITS, 1, 3>(w, n, x, ldx, xs, y + (n - n0), ldy);
+      for (; n + 2 <= n1; n += 2) micro_f<BITS, 2, 3, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
+      for (; n < n1; ++n) micro_f<BITS, 1, 3, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
     }
   }
 }
 
-template <int BITS>
-void qgemm_i8_avx2(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int64_t M, float* Y, int64_t ldy) {
+template <int BITS, DType SDT, bool ZP>
+void qgemm_i8_t(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int64_t M, float* Y, int64_t ldy) {
   for (int64_t m = 0; m < M; m += 3) {
     const int64_t T = std::min<int64_t>(3, M - m);
     QTokens x = X;
@@ -213,15 +231,49 @@ void qgemm_i8_avx2(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, i
     float* y = Y + m * ldy;
     int64_t n = n0;
     if (T == 1) {
-      for (; n + 4 <= n1; n += 4) micro_i8<BITS, 4, 1>(w, n, x, y + (n - n0), ldy);
-      for (; n < n1; ++n) micro_i8<BITS, 1, 1>(w, n, x, y + (n - n0), ldy);
+      for (; n + 4 <= n1; n += 4) micro_i8<BITS, 4, 1, SDT, ZP>(w, n, x, y + (n - n0), ldy);
+      for (; n < n1; ++n) micro_i8<BITS, 1, 1, SDT, ZP>(w, n, x, y + (n - n0), ldy);
     } else if (T == 2) {
-      for (; n + 3 <= n1; n += 3) micro_i8<BITS, 3, 2>(w, n, x, y + (n - n0), ldy);
-      for (; n < n1; ++n) micro_i8<BITS, 1, 2>(w, n, x, y + (n - n0), ldy);
+      for (; n + 3 <= n1; n += 3) micro_i8<BITS, 3, 2, SDT, ZP>(w, n, x, y + (n - n0), ldy);
+      for (; n < n1; ++n) micro_i8<BITS, 1, 2, SDT, ZP>(w, n, x, y + (n - n0), ldy);
     } else {
-      for (; n + 2 <= n1; n += 2) micro_i8<BITS, 2, 3>(w, n, x, y + (n - n0), ldy);
-      for (; n < n1; ++n) micro_i8<BITS, 1, 3>(w, n, x, y + (n - n0), ldy);
+      for (; n + 2 <= n1; n += 2) micro_i8<BITS, 2, 3, SDT, ZP>(w, n, x, y + (n - n0), ldy);
+      for (; n < n1; ++n) micro_i8<BITS, 1, 3, SDT, ZP>(w, n, x, y + (n - n0), ldy);
     }
+  }
+}
+
+// Picks the instantiation for the weight's scale type and zero points.
+template <int BITS>
+void qgemm_avx2(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
+                int64_t ldy) {
+  const bool zp = w.zero_points != nullptr;
+  switch (w.scale_dtype) {
+    case DType::F32:
+      return zp ? qgemm_t<BITS, DType::F32, true>(w, n0, n1, X, ldx, M, Y, ldy)
+                : qgemm_t<BITS, DType::F32, false>(w, n0, n1, X, ldx, M, Y, ldy);
+    case DType::F16:
+      return zp ? qgemm_t<BITS, DType::F16, true>(w, n0, n1, X, ldx, M, Y, ldy)
+                : qgemm_t<BITS, DType::F16, false>(w, n0, n1, X, ldx, M, Y, ldy);
+    default:
+      return zp ? qgemm_t<BITS, DType::BF16, true>(w, n0, n1, X, ldx, M, Y, ldy)
+                : qgemm_t<BITS, DType::BF16, false>(w, n0, n1, X, ldx, M, Y, ldy);
+  }
+}
+
+template <int BITS>
+void qgemm_i8_avx2(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int64_t M, float* Y, int64_t ldy) {
+  const bool zp = w.zero_points != nullptr;
+  switch (w.scale_dtype) {
+    case DType::F32:
+      return zp ? qgemm_i8_t<BITS, DType::F32, true>(w, n0, n1, X, M, Y, ldy)
+                : qgemm_i8_t<BITS, DType::F32, false>(w, n0, n1, X, M, Y, ldy);
+    case DType::F16:
+      return zp ? qgemm_i8_t<BITS, DType::F16, true>(w, n0, n1, X, M, Y, ldy)
+                : qgemm_i8_t<BITS, DType::F16, false>(w, n0, n1, X, M, Y, ldy);
+    default:
+      return zp ? qgemm_i8_t<BITS, DType::BF16, true>(w, n0, n1, X, M, Y, ldy)
+                : qgemm_i8_t<BITS, DType::BF16, false>(w, n0, n1, X, M, Y, ldy);
   }
 }
 

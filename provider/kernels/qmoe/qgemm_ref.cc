@@ -6,8 +6,8 @@
 namespace hinamoe {
 namespace {
 
-void qgemm_ref(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, const float*, int64_t M,
-               float* Y, int64_t ldy) {
+void qgemm_ref(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
+               int64_t ldy) {
   for (int64_t n = n0; n < n1; ++n) {
     for (int64_t m = 0; m < M; ++m) {
       float acc = 0.0f;

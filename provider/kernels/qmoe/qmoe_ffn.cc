@@ -69,21 +69,10 @@ void quantize_rows(const float* x, int64_t ldx, int64_t block, bool even_odd, in
   }
 }
 
-// Block sums of float rows (the zero-point term of the float kernels).
-void block_sums(const float* x, int64_t ldx, int64_t block, int64_t nb, int64_t p0, int64_t p1, float* out) {
-  for (int64_t p = p0; p < p1; ++p)
-    for (int64_t b = 0; b < nb; ++b) {
-      float s = 0.0f;
-      for (int64_t k = b * block; k < (b + 1) * block; ++k) s += x[p * ldx + k];
-      out[p * nb + b] = s;
-    }
-}
-
 // Per-route buffers of one operand (fc1/fc3 input or fc2 input).
 struct Operand {
   std::vector<float> x;    // [R, ld] float rows
   int64_t ld = 0, K = 0, block = 0, nb = 1;
-  std::vector<float> sum;  // [R, nb] block sums (float kernels)
   std::vector<int8_t> q;   // [R, ld] int8 codes (int8 kernels)
   std::vector<float> qscale;
   std::vector<int32_t> qsum;
@@ -101,17 +90,11 @@ struct Operand {
       q.assign(size_t(R * ld), 0);
       qscale.assign(size_t(R * nb), 0.0f);
       qsum.assign(size_t(R * nb), 0);
-    } else {
-      sum.assign(size_t(R * nb), 0.0f);
     }
   }
-  // Derived buffers of rows [p0, p1) after x is written.
+  // The int8 codes of rows [p0, p1) after x is written.
   void finish(int64_t p0, int64_t p1) {
-    if (int8) {
-      quantize_rows(x.data(), ld, block, even_odd, p0, p1, q.data(), qscale.data(), qsum.data(), ld, nb);
-    } else {
-      block_sums(x.data(), ld, block, nb, p0, p1, sum.data());
-    }
+    if (int8) quantize_rows(x.data(), ld, block, even_odd, p0, p1, q.data(), qscale.data(), qsum.data(), ld, nb);
   }
   QTokens tokens(int64_t p0) const {
     QTokens t;
@@ -133,7 +116,7 @@ void run_gemm(const QuantKernels& qk, const QWeight& w, const Operand& op, int64
   if (op.int8) {
     qk.gemm_i8[bi](w, n0, n1, op.tokens(p0), M, Y, ldy);
   } else {
-    qk.gemm[bi](w, n0, n1, op.x.data() + p0 * op.ld, op.ld, op.sum.data() + p0 * op.nb, M, Y, ldy);
+    qk.gemm[bi](w, n0, n1, op.x.data() + p0 * op.ld, op.ld, M, Y, ldy);
   }
 }
 
@@ -169,7 +152,7 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
   in2.init(R, I, t.fc2_nb, i8_2, i8_2 && qa.bits == 4 && qk.i8_even_odd);
   std::vector<float> h1(size_t(R * N1)), y(size_t(R * H));
 
-  // Gather each expert's tokens as float rows (+ sums or int8 codes).
+  // Gather each expert's tokens as float rows (+ int8 codes).
   {
     const int64_t chunk = 16;
     const char* in = static_cast<const char*>(t.input) + t0 * H * es;
@@ -243,11 +226,15 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
   };
   const std::vector<Item> up_items = make_items(routes, E, I, par.threads);
   const std::vector<Item> down_items = make_items(routes, E, H, par.threads);
-  // Three passes, not MoE's fused one: the fc2 operand (block sums or int8
-  // codes) needs a route's whole activation row, written by several items.
-  par.for_each(up_items.size(), [&](size_t i) { up(up_items[i]); });
-  maybe_parallel(par, R, R * I, [&](size_t p) { in2.finish(int64_t(p), int64_t(p) + 1); });
-  par.for_each(down_items.size(), [&](size_t i) { down(down_items[i]); });
+  if (!i8_2) {
+    run_up_then_down(par, up_items, down_items, E, up, down);
+  } else {
+    // Three passes: the int8 codes of the fc2 operand need a route's whole
+    // activation row, written by several gate/up items.
+    par.for_each(up_items.size(), [&](size_t i) { up(up_items[i]); });
+    maybe_parallel(par, R, R * I, [&](size_t p) { in2.finish(int64_t(p), int64_t(p) + 1); });
+    par.for_each(down_items.size(), [&](size_t i) { down(down_items[i]); });
+  }
 
   // Phase 3: out[t] = sum over its routes (slot order) of weight * y_route.
   {

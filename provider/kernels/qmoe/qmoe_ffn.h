@@ -69,9 +69,9 @@ struct QTokens {
 };
 
 // Y[m*ldy + (n - n0)] = sum_k w[n, k] * X[m*ldx + k] for n in [n0, n1),
-// m < M, w dequantised as above. xsum[m*nb + b] = the sum of X over block b.
-using QGemmFn = void (*)(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx,
-                         const float* xsum, int64_t M, float* Y, int64_t ldy);
+// m < M, w dequantised as above (float arithmetic).
+using QGemmFn = void (*)(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M,
+                         float* Y, int64_t ldy);
 // The same on int8 tokens (block = w.block, block-wise weights only).
 using QGemmI8Fn = void (*)(const QWeight& w, int64_t n0, int64_t n1, const QTokens& x, int64_t M, float* Y,
                            int64_t ldy);

@@ -99,24 +99,22 @@ TEST(qmoe_gemm_float_matches_float64) {
           const int64_t M = ht::randint(1, 7);
           const QW w = make_qw(bits, N, K, block, zp, sdt);
           const int64_t ldx = K + ht::randint(0, 5);
-          std::vector<float> X(size_t(M * ldx)), xs(size_t(M * w.nb), 0.0f);
+          std::vector<float> X(size_t(M * ldx));
           for (auto& v : X) v = float(ht::uniform(-1, 1));
-          for (int64_t m = 0; m < M; ++m)
-            for (int64_t k = 0; k < K; ++k) xs[size_t(m * w.nb + k / (K / w.nb))] += X[size_t(m * ldx + k)];
           const int64_t n0 = ht::randint(0, N - 1), n1 = ht::randint(n0 + 1, N);
           const int64_t ldy = (n1 - n0) + ht::randint(0, 3);
           std::vector<float> Y(size_t(M * ldy), std::nanf(""));
-          qk->gemm[bits == 8](w.view(), n0, n1, X.data(), ldx, xs.data(), M, Y.data(), ldy);
+          qk->gemm[bits == 8](w.view(), n0, n1, X.data(), ldx, M, Y.data(), ldy);
           for (int64_t m = 0; m < M; ++m)
             for (int64_t n = n0; n < n1; ++n) {
               double ref = 0, mag = 0;
               for (int64_t k = 0; k < K; ++k) {
                 const double term = w.deq(n, k) * X[size_t(m * ldx + k)];
                 ref += term;
-                mag += std::fabs(term) + std::fabs(double(X[size_t(m * ldx + k)]) * w.scales.val[0]) * 16;
+                mag += std::fabs(term);
               }
               const double got = Y[size_t(m * ldy + n - n0)];
-              CHECK_MSG(std::fabs(got - ref) <= 2e-6 * mag + 1e-6,
+              CHECK_MSG(std::fabs(got - ref) <= 1e-6 * mag + 1e-7,
                         std::string(qk->name) + " bits=" + std::to_string(bits) + " block=" + std::to_string(block) +
                             " zp=" + std::to_string(zp) + " got " + std::to_string(got) + " want " +
                             std::to_string(ref));
