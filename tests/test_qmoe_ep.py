@@ -342,3 +342,13 @@ def test_concurrent_runs(rng):
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+@pytest.mark.parametrize("numa", ["fake:2", "fake:4"])
+def test_simulated_numa_nodes(numa, rng):
+    """With several (simulated) nodes QMoE runs its plain path, correctly."""
+    cfg = QMoEConfig(hidden=128, inter=64, experts=4, k=2, bits=4, block_size=32, zero_points=True)
+    model, w = build_qmoe_model(cfg, rng)
+    x, lg, _ = _inputs(cfg, 6, rng)
+    out = _run(hina_session(model, threads=2, extra_options={"numa": numa}), cfg, x, lg)
+    check_close(out, qmoe_reference(cfg, x, lg, w), "float32", numa)

@@ -380,3 +380,12 @@ TEST(qmoe_validate_rejects_bad_parameters) {
   a.moe.k = 3;
   CHECK(validate_qmoe(s, a, t).find("exceeds") != std::string::npos);
 }
+
+TEST(qmoe_tiers_map_to_quantised_kernels) {
+  CHECK(std::string(quant_kernels_for(ref_tier()).name) == "ref");
+  const std::string want = tier_unavailable_reason("avx2").empty() ? "avx2" : "ref";
+  CHECK(std::string(quant_kernels_for(amx_emu_tier()).name) == want);
+  if (want == "avx2") CHECK(std::string(quant_kernels_for(avx2_tier()).name) == "avx2");
+  for (const QuantKernels* qk : {&quant_ref(), &quant_kernels_for(amx_emu_tier())})
+    for (int b = 0; b < 2; ++b) CHECK(qk->gemm[b] != nullptr && qk->gemm_i8[b] != nullptr);
+}
