@@ -21,7 +21,10 @@
 namespace hinamoe {
 namespace {
 
-constexpr int64_t kPrefetchBytes = 1024;
+#ifndef HINAMOE_QPF_BYTES
+#define HINAMOE_QPF_BYTES 1024
+#endif
+constexpr int64_t kPrefetchBytes = HINAMOE_QPF_BYTES;  // software prefetch distance on each row
 
 HQ_INLINE float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
