@@ -56,3 +56,10 @@ __all__ = [
     "RoutingPlan", "crafted_logits", "expert_token_counts", "rotating_active_sets", "tokens_for",
     "DEFAULT_BENCH_MODELS", "SHAPES", "MoEShape", "get_shape", "list_shapes",
 ]
+from .qmoe_layer import (  # noqa: F401,E402
+    QMOE_INPUTS,
+    QMoEConfig,
+    build_qmoe_model,
+    pack_zero_points,
+    qmoe_feeds,
+)

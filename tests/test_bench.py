@@ -235,3 +235,28 @@ def test_ffn_numa_sim_runs_partitioned(tmp_path, capsys):
     hina = [p for p in res["points"] if p["ep"] == "HinaMoE"]
     assert hina and all(p["max_rel_diff_vs_cpu"] < 1e-3 for p in hina)
     assert "numa=fake:4" in capsys.readouterr().out
+
+
+def test_tiny_qmoe_ffn_run(tmp_path, capsys):
+    """--dtypes int4,int8: QMoE rows at accuracy_level absent and 4, HinaMoE and
+    the CPU EP side by side, bytes = codes + scales, results agree."""
+    argv = ["ffn", "--models", "qwen3-30b-a3b:8", "--tokens", "1", "--dtypes", "int4,int8",
+            "--threads", "1", "--repeats", "2", "--warmup", "1",
+            "--bw-bytes", "0.03", "--no-progress", "--no-plot", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    pts = json.loads((tmp_path / "results.json").read_text())["points"]
+    got = {(p["dtype"], p["ep"]) for p in pts}
+    want = {(d, ep) for d in ("int4", "int4-al4", "int8", "int8-al4") for ep in ("HinaMoE", "CPU")}
+    assert got == want | {("f32", "CPU")}  # the f32 CPU EP baseline always runs
+    pts = [p for p in pts if p["dtype"] != "f32"]
+    for p in pts:
+        bits = 4 if p["dtype"].startswith("int4") else 8
+        codes = 3 * 2048 * 768 * bits // 8
+        scales = (2 * 768 * 2048 // 32 + 2048 * 768 // 32) * 4
+        assert p["bytes_touched"] == 8 * (codes + scales)
+        assert p["gbs"] > 0
+        if p["ep"] == "HinaMoE":
+            assert p["speedup_vs_cpu_same"] is not None
+            # float path vs CPU EP (int8 tokens on either side allow ~2%)
+            assert p["max_rel_diff_vs_cpu"] is not None and p["max_rel_diff_vs_cpu"] < 5e-2
+    assert "int4-al4" in capsys.readouterr().out

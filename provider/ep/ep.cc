@@ -6,6 +6,7 @@
 #include "ep_factory.h"
 #include "gqa_support.h"
 #include "moe_support.h"
+#include "qmoe_support.h"
 
 namespace hinamoe_ep {
 
@@ -69,6 +70,17 @@ OrtStatus* HinaEp::read_options(const OrtApi& api, const OrtSessionOptions* so, 
     return make_status(ORT_INVALID_ARGUMENT, "HinaMoE: " + source + " = '" + strict + "': expected 0 or 1");
   }
   out->strict = strict == "1";
+  const std::string i8 = option("qmoe_int8_activations", "HINAMOE_QMOE_INT8_ACTIVATIONS", "auto", &source);
+  if (i8 == "auto") {
+    out->qmoe_int8_activations = -1;
+  } else if (i8 == "1" || i8 == "on") {
+    out->qmoe_int8_activations = 1;
+  } else if (i8 == "0" || i8 == "off") {
+    out->qmoe_int8_activations = 0;
+  } else {
+    return make_status(ORT_INVALID_ARGUMENT, "HinaMoE: " + source + " = '" + i8 +
+                                                 "': expected auto (follow accuracy_level), 1/on or 0/off");
+  }
   return nullptr;
   HINA_API_END
 }
@@ -108,6 +120,8 @@ OrtStatus* ORT_API_CALL HinaEp::GetCapabilityImpl(OrtEp* this_ptr, const OrtGrap
     std::string why_not;
     if (node.GetOperatorType() == "MoE") {
       why_not = moe_unsupported_reason(node);
+    } else if (node.GetOperatorType() == "QMoE") {
+      why_not = qmoe_unsupported_reason(node);
     } else if (node.GetOperatorType() == "GroupQueryAttention") {
       why_not = gqa_unsupported_reason(node);
     } else {

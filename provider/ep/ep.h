@@ -26,10 +26,15 @@ class HinaEp : public OrtEp {
     // From "strict": a MoE / GroupQueryAttention node HinaMoE would leave to
     // another EP fails session creation instead (no silent fallback).
     bool strict = false;
+    // From "qmoe_int8_activations": -1 = follow each QMoE node's
+    // accuracy_level (4: int8 tokens), 0 = float everywhere, 1 = int8 tokens
+    // on every block-wise QMoE node.
+    int qmoe_int8_activations = -1;
   };
 
   // Reads provider options (session config "ep.hinamoe.<key>": isa, numa,
-  // strict) and the HINAMOE_ISA / HINAMOE_NUMA_TOPOLOGY / HINAMOE_STRICT
+  // strict, qmoe_int8_activations) and the HINAMOE_ISA /
+  // HINAMOE_NUMA_TOPOLOGY / HINAMOE_STRICT / HINAMOE_QMOE_INT8_ACTIVATIONS
   // environment variables; the
   // provider option wins. An unknown value is an error, so a typo fails
   // session creation loudly.

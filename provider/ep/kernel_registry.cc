@@ -4,6 +4,7 @@
 
 #include "gqa_kernel.h"
 #include "moe_kernel.h"
+#include "qmoe_kernel.h"
 
 namespace hinamoe_ep {
 
@@ -34,6 +35,17 @@ OrtStatus* create_kernel_registry(const char* ep_name, OrtKernelRegistry** out) 
                                .AddTypeConstraint("T", moe_types)
                                .Build();
   Ort::ThrowOnError(registry.AddKernel(moe_def, create_moe_kernel, nullptr));
+
+  // com.microsoft::QMoE, T in {float, float16, bfloat16} (scales and biases
+  // share T; weights and zero points are uint8, checked at compute).
+  Ort::KernelDef qmoe_def = Ort::KernelDefBuilder()
+                                .SetOperatorType("QMoE")
+                                .SetDomain("com.microsoft")
+                                .SetSinceVersion(1, 1)
+                                .SetExecutionProvider(ep_name)
+                                .AddTypeConstraint("T", moe_types)
+                                .Build();
+  Ort::ThrowOnError(registry.AddKernel(qmoe_def, create_qmoe_kernel, nullptr));
 
   // com.microsoft::GroupQueryAttention, T in {float, float16, bfloat16}, M = int32
   // (GetCapability checks that the KV cache has T's type).

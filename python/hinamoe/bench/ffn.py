@@ -90,7 +90,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokens", type=csv(int), default=None, metavar="N,...",
                    help="tokens per expert (default: 1,2,4,8,16)")
     g.add_argument("--dtypes", type=csv(str), default=None, metavar="D,...",
-                   help="HinaMoE weight/activation dtypes: f32,f16,bf16 (default: all three)")
+                   help="HinaMoE weight/activation dtypes: f32,f16,bf16 (default: all three); "
+                        "int4,int8: com.microsoft::QMoE layers (f32 activations), each run with "
+                        "accuracy_level absent and 4 (rows int4 / int4-al4), HinaMoE and the CPU EP")
+    g.add_argument("--block-size", type=int, default=32, metavar="B",
+                   help="block_size of the int4/int8 (QMoE) layers; 0 = row-wise scales (default 32)")
     g.add_argument("--threads", type=csv(int), default=None, metavar="T,...",
                    help="intra_op_num_threads values (default: 1,2)")
     g.add_argument("--isa", default="auto",
@@ -175,6 +179,11 @@ class Point:
     max_rel_diff_vs_ggml: float | None = None
 
 
+# QMoE layers of --dtypes: alias -> label; label -> (bits, accuracy_level).
+QUANT_ALIASES = {"int4": "int4", "i4": "int4", "q4": "int4", "int8": "int8", "i8": "int8", "q8": "int8"}
+QUANT_LABELS = {"int4": (4, None), "int4-al4": (4, 4), "int8": (8, None), "int8-al4": (8, 4)}
+
+
 def _resolve_models(names):
     from ..models import get_shape
 
@@ -240,7 +249,8 @@ def _time_point(sess, cfg, plan, xs, repeats: int, warmup: int, between=None):
 
 
 def run(args) -> int:
-    from ..models import (DEFAULT_BENCH_MODELS, MoEConfig, RoutingPlan, build_moe_model,
+    from ..models import (DEFAULT_BENCH_MODELS, MoEConfig, QMoEConfig, RoutingPlan, build_moe_model,
+                          build_qmoe_model,
                           canon_dtype, list_shapes, model_path, np_dtype, short_dtype)
 
     if args.list_models:
@@ -253,8 +263,9 @@ def run(args) -> int:
     quick = args.quick
     models = args.models or (["qwen3-30b-a3b"] if quick else list(DEFAULT_BENCH_MODELS))
     tokens = args.tokens or ([1, 4, 16] if quick else list(DEFAULT_TOKENS))
-    dtypes = [short_dtype(canon_dtype(d)) for d in
-              (args.dtypes or (["f32", "bf16"] if quick else list(DEFAULT_DTYPES)))]
+    asked = args.dtypes or (["f32", "bf16"] if quick else list(DEFAULT_DTYPES))
+    quant = [QUANT_ALIASES[d.lower()] for d in asked if d.lower() in QUANT_ALIASES]
+    dtypes = [short_dtype(canon_dtype(d)) for d in asked if d.lower() not in QUANT_ALIASES]
     cores = os.cpu_count() or 1
     threads = args.threads or ([min(2, cores)] if quick else
                                [t for t in DEFAULT_THREADS if t <= cores] or [1])
@@ -305,10 +316,20 @@ def run(args) -> int:
             eps.append("CPU")
         if eps:
             model_dtypes.append((d, eps))
+    # QMoE: each bit width at accuracy_level absent and 4, HinaMoE and CPU EP side by side.
+    q_eps = (["HinaMoE"] if run_hina else []) + (["CPU"] if run_cpu else [])
+    for q in quant:
+        for label in (q, q + "-al4"):
+            model_dtypes.append((label, q_eps))
 
     specs = _resolve_models(models)
-    min_item = min(np_dtype(canon_dtype(d)).itemsize for d, _ in model_dtypes)
-    total = (sum(len(eps) + (ggml is not None and "HinaMoE" in eps) for _, eps in model_dtypes)
+    min_item = min([np_dtype(canon_dtype(d)).itemsize for d, _ in model_dtypes if d not in QUANT_LABELS]
+                   + [1] * bool(quant))
+    # ggml runs beside HinaMoE's float layers (llama.cpp's q4_0/q8_0 are other formats).
+    def with_ggml_layer(d, eps):
+        return ggml is not None and "HinaMoE" in eps and d not in QUANT_LABELS
+
+    total = (sum(len(eps) + with_ggml_layer(d, eps) for d, eps in model_dtypes)
              * len(specs) * len(threads) * len(tokens))
     bar = None
     if tqdm is not None and not args.no_progress:
@@ -329,19 +350,28 @@ def run(args) -> int:
             experts = _plan_experts(shape, e_override, min_item, l3, args.min_cache_multiple,
                                     active)
             for d, eps in model_dtypes:
-                cfg = MoEConfig(hidden=shape.hidden, inter=shape.inter, experts=experts,
-                                k=shape.k, activation="swiglu", swiglu_fusion=1,
-                                dtype=canon_dtype(d))
                 if bar:
                     bar.set_postfix_str(f"{shape.name} {d}: building {experts} experts")
                 rng = np.random.default_rng([args.seed, experts, shape.hidden])
                 mdir = workdir / f"{shape.name}-{d}"
-                model, _ = build_moe_model(cfg, rng=rng, external_dir=mdir,
-                                           keep_weights=False, name="moe")
-                src = model_path(model)
+                if d in QUANT_LABELS:
+                    cfg = QMoEConfig(hidden=shape.hidden, inter=shape.inter, experts=experts, k=shape.k,
+                                     bits=QUANT_LABELS[d][0], block_size=args.block_size,
+                                     accuracy_level=QUANT_LABELS[d][1], random_codes=True)
+                    model, _ = build_qmoe_model(cfg, rng, name="qmoe")
+                    src = model.SerializeToString()
+                    expert_bytes = cfg.packed_bytes()  # codes + scales
+                else:
+                    cfg = MoEConfig(hidden=shape.hidden, inter=shape.inter, experts=experts,
+                                    k=shape.k, activation="swiglu", swiglu_fusion=1,
+                                    dtype=canon_dtype(d))
+                    model, _ = build_moe_model(cfg, rng=rng, external_dir=mdir,
+                                               keep_weights=False, name="moe")
+                    src = model_path(model)
+                    expert_bytes = cfg.expert_weight_bytes()
                 del model
                 glayer = None
-                if ggml is not None and "HinaMoE" in eps:
+                if with_ggml_layer(d, eps):
                     if bar:
                         bar.set_postfix_str(f"{shape.name} {d}: ggml weights")
                     gpath = mdir / "ggml.weights"
@@ -349,9 +379,9 @@ def run(args) -> int:
                                               ggml_ffn.write_ggml_weights(src, cfg, gpath), threads[0])
                 layers.append(dict(model=shape.name, dtype=d, experts=experts, active=active,
                                    hidden=shape.hidden, inter=shape.inter, k=shape.k,
-                                   layer_bytes=cfg.total_weight_bytes(),
-                                   expert_bytes=cfg.expert_weight_bytes(),
-                                   cache_multiple=cfg.total_weight_bytes() / l3))
+                                   layer_bytes=expert_bytes * experts,
+                                   expert_bytes=expert_bytes,
+                                   cache_multiple=expert_bytes * experts / l3))
                 # the same inputs for every EP of this dtype
                 xs_by_n = {}
                 for n in tokens:
@@ -387,7 +417,7 @@ def run(args) -> int:
                                 times, out = _time_point(sess, cfg, plan, xs_by_n[n], repeats, warm,
                                                          between)
                             med = statistics.median(times)
-                            touched = active * cfg.expert_weight_bytes()
+                            touched = active * expert_bytes
                             pt = Point(model=shape.name, dtype=d, ep=ep, threads=thr,
                                        tokens_per_expert=n, tokens=plan.num_tokens,
                                        experts=experts, active_experts=active,
@@ -429,7 +459,8 @@ def run(args) -> int:
 
     probes.finish()
     for p in points:  # each weight element takes one FMA per token
-        probes.rate(p, np_dtype(canon_dtype(p.dtype)).itemsize, p.tokens_per_expert)
+        item = QUANT_LABELS[p.dtype][0] / 8 if p.dtype in QUANT_LABELS else np_dtype(canon_dtype(p.dtype)).itemsize
+        probes.rate(p, item, p.tokens_per_expert)
     _fill_speedups(points)
     # the max_rel_diff is recorded on the second EP's point; copy to HinaMoE's
     for p in points:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 
+# Row order of dtypes (int4/int8: QMoE layers; -al4: accuracy_level=4).
+DTYPE_ORDER = ["f32", "f16", "bf16", "int4", "int4-al4", "int8", "int8-al4"]
+
 def _fmt(v, spec, empty="-"):
     return empty if v is None else format(v, spec)
 
@@ -27,7 +30,7 @@ def print_table(points) -> None:
     last = None
     models = list(dict.fromkeys(p.model for p in points))
     order = sorted(points, key=lambda p: (models.index(p.model), p.threads, p.tokens_per_expert,
-                                          p.ep != "HinaMoE", ["f32", "f16", "bf16"].index(p.dtype)))
+                                          p.ep != "HinaMoE", DTYPE_ORDER.index(p.dtype)))
     for p in order:
         group = (p.model, p.threads)
         if last is not None and group != last:
@@ -63,13 +66,14 @@ def plot_latency(points, path, meta=None) -> Path:
                              figsize=(4.6 * len(models), 3.6 * len(threads)))
     styles = {"HinaMoE": "-", "CPU": "--", "ggml": ":"}
     names = {"HinaMoE": "HinaMoE", "CPU": "ORT CPU EP", "ggml": "ggml"}
-    colors = {"f32": "tab:blue", "f16": "tab:orange", "bf16": "tab:green"}
+    colors = {"f32": "tab:blue", "f16": "tab:orange", "bf16": "tab:green", "int4": "tab:red",
+              "int4-al4": "tab:purple", "int8": "tab:brown", "int8-al4": "tab:gray"}
     for r, thr in enumerate(threads):
         for c, model in enumerate(models):
             ax = axes[r][c]
             sel = [p for p in points if p.model == model and p.threads == thr]
             for ep in ("HinaMoE", "CPU", "ggml"):
-                for dt in ("f32", "f16", "bf16"):
+                for dt in DTYPE_ORDER:
                     line = sorted((p for p in sel if p.ep == ep and p.dtype == dt),
                                   key=lambda p: p.tokens_per_expert)
                     if not line:

@@ -1,0 +1,322 @@
+// The QMoE driver: QMoE routing -> gather (float, plus int8 copies for
+// accuracy_level 4) -> gate/up items -> activation -> down items -> weighted
+// combine. Reuses the MoE driver's work split (make_items, run_up_then_down)
+// and activations; only the GEMMs differ (quantised kernels of the tier).
+#include "qmoe_ffn.h"
+
+#include "../amx/amx_detect.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "../activation.h"
+#include "../moe_work.h"
+#include "qmoe_routing.h"
+
+namespace hinamoe {
+namespace {
+
+using namespace detail;
+
+constexpr int64_t kScratchBudgetBytes = int64_t(256) << 20;
+
+// Expert e's weight of [E, rows, cols] with nb scale blocks per row.
+QWeight expert_weight(const uint8_t* codes, const void* scales, const uint8_t* zp, DType sdt, int bits,
+                      int64_t rows, int64_t cols, int64_t nb, int64_t e) {
+  QWeight w;
+  w.bits = bits;
+  w.K = cols;
+  w.nb = nb;
+  w.block = cols / nb;
+  w.scale_dtype = sdt;
+  w.codes = codes + e * rows * w.row_bytes();
+  w.scales = static_cast<const char*>(scales) + size_t(e * rows * nb) * dtype_size(sdt);
+  if (zp != nullptr) {
+    const int64_t pack = 8 / bits;
+    const int64_t per_expert = nb == 1 ? (rows + pack - 1) / pack : rows * ((nb + pack - 1) / pack);
+    w.zero_points = zp + e * per_expert;
+  }
+  return w;
+}
+
+// Symmetric int8 per block of `block` (max |x| -> 127), codes in even_odd
+// order when asked; rows [p0, p1) of x [*, ldx] into the QTokens buffers.
+void quantize_rows(const float* x, int64_t ldx, int64_t block, bool even_odd, int64_t p0, int64_t p1,
+                   int8_t* q, float* scale, int32_t* sum, int64_t ldq, int64_t nb) {
+  for (int64_t p = p0; p < p1; ++p) {
+    const float* xr = x + p * ldx;
+    for (int64_t b = 0; b < nb; ++b) {
+      float amax = 0.0f;
+      for (int64_t k = b * block; k < (b + 1) * block; ++k) amax = std::max(amax, std::fabs(xr[k]));
+      const float s = amax / 127.0f;
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int32_t total = 0;
+      for (int64_t k = b * block; k < (b + 1) * block; ++k) {
+        const int v = int(std::nearbyint(xr[k] * inv));
+        const int8_t c = int8_t(std::min(127, std::max(-127, v)));
+        int64_t pos = k;
+        if (even_odd) {
+          const int64_t j = k & 15;
+          pos = (k & ~int64_t(15)) + (j & 1 ? 8 + (j >> 1) : j >> 1);
+        }
+        q[p * ldq + pos] = c;
+        total += c;
+      }
+      scale[p * nb + b] = s;
+      sum[p * nb + b] = total;
+    }
+  }
+}
+
+// Per-route buffers of one operand (fc1/fc3 input or fc2 input).
+struct Operand {
+  std::vector<float> x;    // [R, ld] float rows
+  int64_t ld = 0, K = 0, block = 0, nb = 1;
+  std::vector<int8_t> q;   // [R, ld] int8 codes (int8 kernels)
+  std::vector<float> qscale;
+  std::vector<int32_t> qsum;
+  bool int8 = false, even_odd = false;
+
+  void init(int64_t R, int64_t K_, int64_t nb_, bool int8_, bool eo) {
+    K = K_;
+    nb = nb_;
+    block = K / nb;
+    ld = padded_ld(K);
+    int8 = int8_;
+    even_odd = eo;
+    x.assign(size_t(R * ld), 0.0f);
+    if (int8) {
+      q.assign(size_t(R * ld), 0);
+      qscale.assign(size_t(R * nb), 0.0f);
+      qsum.assign(size_t(R * nb), 0);
+    }
+  }
+  // The int8 codes of rows [p0, p1) after x is written.
+  void finish(int64_t p0, int64_t p1) {
+    if (int8) quantize_rows(x.data(), ld, block, even_odd, p0, p1, q.data(), qscale.data(), qsum.data(), ld, nb);
+  }
+  QTokens tokens(int64_t p0) const {
+    QTokens t;
+    t.q = q.data() + p0 * ld;
+    t.scale = qscale.data() + p0 * nb;
+    t.sum = qsum.data() + p0 * nb;
+    t.ld = ld;
+    t.nb = nb;
+    t.block = block;
+    t.even_odd = even_odd;
+    return t;
+  }
+};
+
+// One GEMM of rows [n0, n1) of w for the M routes starting at p0.
+void run_gemm(const QuantKernels& qk, const QWeight& w, const Operand& op, int64_t p0, int64_t M, int64_t n0,
+              int64_t n1, float* Y, int64_t ldy) {
+  const int bi = w.bits == 8 ? 1 : 0;
+  if (op.int8) {
+    qk.gemm_i8[bi](w, n0, n1, op.tokens(p0), M, Y, ldy);
+  } else {
+    qk.gemm[bi](w, n0, n1, op.x.data() + p0 * op.ld, op.ld, M, Y, ldy);
+  }
+}
+
+std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETensors& t, int64_t t0,
+                      int64_t tokens, const QuantKernels& qk, const Parallel& par) {
+  const MoEAttrs& at = qa.moe;
+  const int64_t H = shape.hidden, I = shape.inter, E = shape.experts, k = at.k;
+  const DType dt = t.dtype;
+  const size_t es = dtype_size(dt);
+  const bool gated = is_gated(at.activation);
+  const int64_t N1 = gated ? 2 * I : I;
+  const int64_t F1 = gated && at.gate_layout != GateLayout::Separate ? 2 * I : I;
+
+  Routes routes;
+  std::string err = compute_qmoe_routes(
+      static_cast<const char*>(t.router) + t0 * E * es,
+      t.router_weights ? static_cast<const char*>(t.router_weights) + t0 * E * es : nullptr, dt, tokens, E, k,
+      at.normalize_routing_weights, par, &routes, t0);
+  if (!err.empty()) return err;
+  const int64_t R = routes.count();
+  const int64_t* begin = routes.expert_begin.data();
+  if (R == 0) {
+    char* out = static_cast<char*>(t.output) + t0 * H * es;
+    std::memset(out, 0, size_t(tokens * H) * es);  // +0.0 in every T
+    return "";
+  }
+
+  // int8 tokens only for block-wise weights (row-wise ones keep float).
+  const bool i8_1 = qa.int8_activations && t.fc1_nb > 1 && (!t.fc3_w || t.fc3_nb == t.fc1_nb);
+  const bool i8_2 = qa.int8_activations && t.fc2_nb > 1;
+  Operand in1, in2;
+  in1.init(R, H, t.fc1_nb, i8_1, i8_1 && qa.bits == 4 && qk.i8_even_odd);
+  in2.init(R, I, t.fc2_nb, i8_2, i8_2 && qa.bits == 4 && qk.i8_even_odd);
+  std::vector<float> h1(size_t(R * N1)), y(size_t(R * H));
+
+  // Gather each expert's tokens as float rows (+ int8 codes).
+  {
+    const int64_t chunk = 16;
+    const char* in = static_cast<const char*>(t.input) + t0 * H * es;
+    maybe_parallel(par, (R + chunk - 1) / chunk, R * H, [&](size_t c) {
+      const int64_t q0 = int64_t(c) * chunk, q1 = std::min(R, q0 + chunk);
+      for (int64_t p = q0; p < q1; ++p) {
+        float* dst = &in1.x[size_t(p * in1.ld)];
+        const int64_t tok = routes.token[size_t(p)];
+        for (int64_t h = 0; h < H; ++h) dst[h] = load_as_f32(in, tok * H + h, dt);
+      }
+      in1.finish(q0, q1);
+    });
+  }
+
+  auto w1 = [&](int64_t e) { return expert_weight(t.fc1_w, t.fc1_s, t.fc1_zp, dt, qa.bits, F1, H, t.fc1_nb, e); };
+  auto w3 = [&](int64_t e) { return expert_weight(t.fc3_w, t.fc3_s, t.fc3_zp, dt, qa.bits, I, H, t.fc3_nb, e); };
+  auto w2 = [&](int64_t e) { return expert_weight(t.fc2_w, t.fc2_s, t.fc2_zp, dt, qa.bits, H, I, t.fc2_nb, e); };
+
+  // Phase 1: gate/up GEMMs, biases, activation -> in2.x.
+  auto up = [&](const Item& it) {
+    const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
+    const int64_t p0 = begin[e], M = begin[e + 1] - p0;
+    float* Y = &h1[size_t(p0 * N1)];
+    const QWeight a = w1(e);
+    if (!gated) {
+      run_gemm(qk, a, in1, p0, M, j0, j1, Y + j0, N1);
+    } else if (at.gate_layout == GateLayout::Interleaved) {
+      run_gemm(qk, a, in1, p0, M, 2 * j0, 2 * j1, Y + 2 * j0, N1);
+    } else if (at.gate_layout == GateLayout::Stacked) {
+      run_gemm(qk, a, in1, p0, M, j0, j1, Y + j0, N1);
+      run_gemm(qk, a, in1, p0, M, I + j0, I + j1, Y + I + j0, N1);
+    } else {
+      run_gemm(qk, a, in1, p0, M, j0, j1, Y + j0, N1);
+      run_gemm(qk, w3(e), in1, p0, M, j0, j1, Y + I + j0, N1);
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      const float* yv = Y + m * N1;
+      float* av = &in2.x[size_t((p0 + m) * in2.ld)];
+      if (!gated) {
+        for (int64_t j = j0; j < j1; ++j) {
+          const float b = t.fc1_b ? load_as_f32(t.fc1_b, e * F1 + j, dt) : 0.0f;
+          av[j] = activate(at.activation, yv[j] + b);
+        }
+        continue;
+      }
+      const bool inter = at.gate_layout == GateLayout::Interleaved;
+      for (int64_t j = j0; j < j1; ++j) {
+        const int64_t gi = inter ? 2 * j : j, ui = inter ? 2 * j + 1 : I + j;
+        float g = yv[gi], u = yv[ui];
+        if (t.fc1_b) g += load_as_f32(t.fc1_b, e * F1 + gi, dt);
+        if (at.gate_layout == GateLayout::Separate) {
+          if (t.fc3_b) u += load_as_f32(t.fc3_b, e * I + j, dt);
+        } else if (t.fc1_b) {
+          u += load_as_f32(t.fc1_b, e * F1 + ui, dt);
+        }
+        av[j] = activate_gated(at, g, u);
+      }
+    }
+  };
+  // Phase 2: down GEMM + fc2 bias -> per-route rows y.
+  auto down = [&](const Item& it) {
+    const int64_t e = it.expert, n0 = it.b0, n1 = it.b1;
+    const int64_t p0 = begin[e], M = begin[e + 1] - p0;
+    run_gemm(qk, w2(e), in2, p0, M, n0, n1, &y[size_t(p0 * H + n0)], H);
+    if (t.fc2_b) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const float b = load_as_f32(t.fc2_b, e * H + n, dt);
+        for (int64_t m = 0; m < M; ++m) y[size_t((p0 + m) * H + n)] += b;
+      }
+    }
+  };
+  const std::vector<Item> up_items = make_items(routes, E, I, par.threads);
+  const std::vector<Item> down_items = make_items(routes, E, H, par.threads);
+  if (!i8_2) {
+    run_up_then_down(par, up_items, down_items, E, up, down);
+  } else {
+    // Three passes: the int8 codes of the fc2 operand need a route's whole
+    // activation row, written by several gate/up items.
+    par.for_each(up_items.size(), [&](size_t i) { up(up_items[i]); });
+    maybe_parallel(par, R, R * I, [&](size_t p) { in2.finish(int64_t(p), int64_t(p) + 1); });
+    par.for_each(down_items.size(), [&](size_t i) { down(down_items[i]); });
+  }
+
+  // Phase 3: out[t] = sum over its routes (slot order) of weight * y_route.
+  {
+    const int64_t chunk = 8;
+    char* out = static_cast<char*>(t.output) + t0 * H * es;
+    maybe_parallel(par, (tokens + chunk - 1) / chunk, tokens * H * k, [&](size_t c) {
+      std::vector<float> acc(static_cast<size_t>(H));
+      const int64_t q1 = std::min(tokens, int64_t(c) * chunk + chunk);
+      for (int64_t q = int64_t(c) * chunk; q < q1; ++q) {
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t s = 0; s < k; ++s) {
+          const int64_t p = routes.slot_pos[size_t(q * k + s)];
+          if (p < 0) continue;
+          const float wgt = routes.weight[size_t(p)];
+          const float* yr = &y[size_t(p * H)];
+          for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += wgt * yr[h];
+        }
+        for (int64_t h = 0; h < H; ++h) store_from_f32(out, q * H + h, dt, acc[size_t(h)]);
+      }
+    });
+  }
+  return "";
+}
+
+}  // namespace
+
+const QuantKernels& quant_kernels_for(const KernelTier& tier) {
+  if (std::strcmp(tier.name, "ref") == 0) return quant_ref();
+  // amx / amx-emu: int8 tokens on AMX-INT8 tiles (real or emulated), the
+  // float path on avx2; avx2: the avx2 kernels where this CPU runs them.
+  if (std::strcmp(tier.name, "amx") == 0 && amx_int8_unavailable_reason().empty()) return quant_amx();
+  if (std::strcmp(tier.name, "amx-emu") == 0) return quant_amx_emu();
+  if (tier_unavailable_reason("avx2").empty()) return quant_avx2();
+  return quant_ref();
+}
+
+std::string validate_qmoe(const MoEShape& s, const QMoEAttrs& a, const QMoETensors& t) {
+  MoETensors mt;
+  mt.dtype = t.dtype;
+  mt.input = t.input;
+  mt.router = t.router;
+  mt.fc1_w = t.fc1_w;
+  mt.fc2_w = t.fc2_w;
+  mt.fc3_w = t.fc3_w;
+  mt.fc3_b = t.fc3_b;
+  mt.output = t.output;
+  std::string err = validate_moe(s, a.moe, mt);
+  if (!err.empty()) return err;
+  if (a.bits != 4 && a.bits != 8) return "expert_weight_bits=" + std::to_string(a.bits) + " is not 4 or 8";
+  if (a.block_size != 0 && (a.block_size < 16 || (a.block_size & (a.block_size - 1)) != 0))
+    return "block_size=" + std::to_string(a.block_size) + " is not a power of two >= 16";
+  auto check_k = [&](const char* what, int64_t K, int64_t nb) -> std::string {
+    if (K * a.bits % 8 != 0) return std::string(what) + ": K=" + std::to_string(K) + " does not fill whole bytes";
+    if (nb < 1 || K % nb != 0)
+      return std::string(what) + ": " + std::to_string(nb) + " scale blocks do not divide K=" + std::to_string(K);
+    if (nb > 1 && (K / nb) % 16 != 0)
+      return std::string(what) + ": block of " + std::to_string(K / nb) + " elements is not a multiple of 16";
+    return "";
+  };
+  for (const std::string& e : {check_k("fc1", s.hidden, t.fc1_nb), check_k("fc2", s.inter, t.fc2_nb),
+                               t.fc3_w ? check_k("fc3", s.hidden, t.fc3_nb) : std::string()})
+    if (!e.empty()) return e;
+  if (s.tokens > 0 && (!t.fc1_s || !t.fc2_s || (t.fc3_w && !t.fc3_s))) return "scales are null";
+  return "";
+}
+
+std::string qmoe_ffn(const MoEShape& shape, const QMoEAttrs& attrs, const QMoETensors& t, const KernelTier& tier,
+                     const Parallel& par) {
+  std::string err = validate_qmoe(shape, attrs, t);
+  if (!err.empty()) return err;
+  if (shape.tokens == 0) return "";
+  const QuantKernels& qk = quant_kernels_for(tier);
+  const int64_t N1 = is_gated(attrs.moe.activation) ? 2 * shape.inter : shape.inter;
+  const int64_t route_bytes = (2 * shape.hidden + N1 + 2 * shape.inter + 64) * int64_t(sizeof(float));
+  const int64_t chunk = std::max<int64_t>(1, kScratchBudgetBytes / (route_bytes * attrs.moe.k));
+  for (int64_t t0 = 0; t0 < shape.tokens; t0 += chunk) {
+    err = run_chunk(shape, attrs, t, t0, std::min(chunk, shape.tokens - t0), qk, par);
+    if (!err.empty()) break;
+  }
+  return err;
+}
+
+}  // namespace hinamoe

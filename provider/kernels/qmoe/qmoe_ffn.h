@@ -1,0 +1,125 @@
+// com.microsoft::QMoE feed-forward block over 4- or 8-bit expert weights
+// read in place: packed uint8 [E, N, K*bits/8] (row-major along K, 4-bit
+// values two per byte, the even element in the low nibble), scales in T,
+// optional zero points packed as ORT packs them. No prepack, no dequantised
+// copy: every call decodes the codes in registers. Plain C++17 (no ORT types).
+//
+// Semantics (ORT's moe_quantization_cpu.cc, which wins over ContribOperators.md):
+//  * w = (q - zp) * scale, zp = 2^(bits-1) (8 / 128) without a zero-point input.
+//  * Scales [E, N] (row-wise) or [E, N, K/block_size]; [E, N, 1] counts as
+//    row-wise, and so do its zero points.
+//  * Zero points: row-wise [E, ceil(N/pack)] (row n in byte n/pack at bit
+//    (n%pack)*bits), block-wise [E, N, ceil(blocks/pack)] (block b of row n in
+//    byte n*ceil(blocks/pack) + b/pack at bit (b%pack)*bits); pack = 8/bits.
+//  * Routing (qmoe_routing.h): top-k on the raw logits, softmax over those k.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "../moe_ffn.h"
+#include "../parallel.h"
+#include "../tier.h"
+
+namespace hinamoe {
+
+struct QMoEAttrs {
+  MoEAttrs moe;               // k, activation, gate layout, alpha/beta/limit
+  int bits = 4;               // 4 or 8
+  int64_t block_size = 0;     // 0 = row-wise
+  bool int8_activations = false;  // accuracy_level 4: x quantised to int8 per weight block
+};
+
+// One expert weight of QMoE's layout.
+struct QWeight {
+  const uint8_t* codes = nullptr;  // [N, K*bits/8]
+  const void* scales = nullptr;    // [N, nb] in scale_dtype (nb = 1: row-wise)
+  const uint8_t* zero_points = nullptr;  // null = 2^(bits-1)
+  DType scale_dtype = DType::F32;
+  int bits = 4;
+  int64_t K = 0;
+  int64_t block = 0;  // elements per scale along K (K when row-wise)
+  int64_t nb = 1;     // blocks per row
+
+  int64_t row_bytes() const { return K * bits / 8; }
+  float scale(int64_t n, int64_t b) const { return load_as_f32(scales, n * nb + b, scale_dtype); }
+  int zero_point(int64_t n, int64_t b) const {
+    if (zero_points == nullptr) return 1 << (bits - 1);
+    const int pack = 8 / bits;
+    const uint8_t byte = nb == 1 ? zero_points[n / pack] : zero_points[n * ((nb + pack - 1) / pack) + b / pack];
+    const int64_t lane = nb == 1 ? n % pack : b % pack;
+    return (byte >> (lane * bits)) & ((1 << bits) - 1);
+  }
+  int code(int64_t n, int64_t k) const {
+    const uint8_t* r = codes + n * row_bytes();
+    return bits == 8 ? r[k] : (r[k >> 1] >> ((k & 1) * 4)) & 0xF;
+  }
+};
+
+// Tokens quantised to int8 per block of `block` elements (accuracy_level 4):
+// x[m, k] ~ q[m*ld + k] * scale[m*nb + k/block]; sum[m*nb + b] = sum of the
+// block's codes. 4-bit kernels read the codes of each 16-element group in
+// the order [0,2,..,14, 1,3,..,15] (even_odd), matching the nibbles' order.
+struct QTokens {
+  const int8_t* q = nullptr;
+  const float* scale = nullptr;
+  const int32_t* sum = nullptr;
+  int64_t ld = 0, nb = 0, block = 0;
+  bool even_odd = false;
+};
+
+// Y[m*ldy + (n - n0)] = sum_k w[n, k] * X[m*ldx + k] for n in [n0, n1),
+// m < M, w dequantised as above (float arithmetic).
+using QGemmFn = void (*)(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M,
+                         float* Y, int64_t ldy);
+// The same on int8 tokens (block = w.block, block-wise weights only).
+using QGemmI8Fn = void (*)(const QWeight& w, int64_t n0, int64_t n1, const QTokens& x, int64_t M, float* Y,
+                           int64_t ldy);
+
+// The quantised kernels of a tier (index 0: 4-bit, 1: 8-bit). An AMX-INT8
+// tier adds its own table here beside these.
+struct QuantKernels {
+  const char* name = "";
+  QGemmFn gemm[2] = {};
+  QGemmI8Fn gemm_i8[2] = {};
+  bool i8_even_odd = false;  // wants QTokens::even_odd for 4-bit
+};
+const QuantKernels& quant_ref();
+const QuantKernels& quant_avx2();  // only where tier_unavailable_reason("avx2") is ""
+// AMX-INT8 for the int8-token path (qgemm_amx.cc; the float path is avx2's):
+// real tiles (only where amx_int8_unavailable_reason() is "") or the emulator.
+const QuantKernels& quant_amx();
+const QuantKernels& quant_amx_emu();
+// The quantised kernels a MoE tier runs (amx / amx-emu: AMX-INT8 for int8
+// tokens, avx2 or ref for the float path).
+const QuantKernels& quant_kernels_for(const KernelTier& tier);
+
+struct QMoETensors {
+  DType dtype = DType::F32;       // T: input, router, scales, biases, output
+  const void* input = nullptr;    // [tokens, H]
+  const void* router = nullptr;   // [tokens, E] logits
+  const void* router_weights = nullptr;  // optional [tokens, E]: mixing weights of the chosen experts
+  const uint8_t* fc1_w = nullptr;  // [E, N1, H*bits/8]
+  const void* fc1_s = nullptr;     // [E, N1] or [E, N1, H/block]
+  const uint8_t* fc1_zp = nullptr;
+  const void* fc1_b = nullptr;     // [E, N1]
+  const uint8_t* fc2_w = nullptr;  // [E, H, I*bits/8]
+  const void* fc2_s = nullptr;
+  const uint8_t* fc2_zp = nullptr;
+  const void* fc2_b = nullptr;     // [E, H]
+  const uint8_t* fc3_w = nullptr;  // [E, I, H*bits/8] (GateLayout::Separate)
+  const void* fc3_s = nullptr;
+  const uint8_t* fc3_zp = nullptr;
+  const void* fc3_b = nullptr;     // [E, I]
+  int64_t fc1_nb = 1, fc2_nb = 1, fc3_nb = 1;  // scale blocks per row (1 = row-wise)
+  void* output = nullptr;          // [tokens, H]
+};
+
+// Checks attributes against the shape. "" when valid, else the reason.
+std::string validate_qmoe(const MoEShape& shape, const QMoEAttrs& attrs, const QMoETensors& t);
+
+// Runs the block. "" on success, else a message (e.g. NaN router logits).
+std::string qmoe_ffn(const MoEShape& shape, const QMoEAttrs& attrs, const QMoETensors& t, const KernelTier& tier,
+                     const Parallel& par);
+
+}  // namespace hinamoe

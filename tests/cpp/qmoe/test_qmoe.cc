@@ -1,0 +1,391 @@
+// QMoE kernels against float64 scalar references written from the op's
+// definition: the quantised GEMMs of every tier (4/8-bit, row/block-wise,
+// zero points, f32/f16/bf16 scales, 1..7 tokens), their int8-token variant,
+// QMoE routing, and the whole qmoe_ffn block.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "qmoe/qmoe_ffn.h"
+#include "qmoe/qmoe_routing.h"
+#include "test_util.h"
+#include "thread_pool.h"
+
+using namespace hinamoe;
+
+namespace {
+
+// A random quantised weight [N, K] with its values kept for the reference.
+struct QW {
+  int bits = 4;
+  int64_t N = 0, K = 0, nb = 1;
+  std::vector<uint8_t> codes, zp;
+  ht::Buf scales;
+  std::vector<int> q, z;  // unpacked codes [N, K], zero points [N, nb] (-1 = default)
+  bool has_zp = false;
+
+  QWeight view() const {
+    QWeight w;
+    w.codes = codes.data();
+    w.scales = scales.data();
+    w.zero_points = has_zp ? zp.data() : nullptr;
+    w.scale_dtype = DType(scales.dtype);
+    w.bits = bits;
+    w.K = K;
+    w.nb = nb;
+    w.block = K / nb;
+    return w;
+  }
+  double deq(int64_t n, int64_t k) const {
+    const int64_t b = k / (K / nb);
+    const int zpv = has_zp ? z[size_t(n * nb + b)] : 1 << (bits - 1);
+    return double(q[size_t(n * K + k)] - zpv) * scales.val[size_t(n * nb + b)];
+  }
+};
+
+// Packs codes and zero points exactly as ORT lays them out.
+QW make_qw(int bits, int64_t N, int64_t K, int64_t block, bool has_zp, int sdt) {
+  QW w;
+  w.bits = bits;
+  w.N = N;
+  w.K = K;
+  w.nb = block ? K / block : 1;
+  w.has_zp = has_zp;
+  const int qmax = (1 << bits) - 1;
+  w.q.resize(size_t(N * K));
+  for (auto& v : w.q) v = int(ht::randint(0, qmax));
+  w.codes.assign(size_t(N * K * bits / 8), 0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      const int v = w.q[size_t(n * K + k)];
+      if (bits == 8) w.codes[size_t(n * K + k)] = uint8_t(v);
+      else w.codes[size_t(n * (K / 2) + k / 2)] |= uint8_t(v << (4 * (k % 2)));
+    }
+  w.scales = ht::random_buf(sdt, size_t(N * w.nb), 0.125);
+  w.z.resize(size_t(N * w.nb));
+  for (auto& v : w.z) v = int(ht::randint(0, qmax));
+  const int pack = 8 / bits;
+  if (has_zp) {
+    if (w.nb == 1) {
+      w.zp.assign(size_t((N + pack - 1) / pack), 0);
+      for (int64_t n = 0; n < N; ++n) w.zp[size_t(n / pack)] |= uint8_t(w.z[size_t(n)] << (bits * (n % pack)));
+    } else {
+      const int64_t bpp = (w.nb + pack - 1) / pack;
+      w.zp.assign(size_t(N * bpp), 0);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t b = 0; b < w.nb; ++b)
+          w.zp[size_t(n * bpp + b / pack)] |= uint8_t(w.z[size_t(n * w.nb + b)] << (bits * (b % pack)));
+    }
+  }
+  return w;
+}
+
+std::vector<const QuantKernels*> tiers() {
+  std::vector<const QuantKernels*> v{&quant_ref()};
+  if (tier_unavailable_reason("avx2").empty()) v.push_back(&quant_avx2());
+  return v;
+}
+
+}  // namespace
+
+TEST(qmoe_gemm_float_matches_float64) {
+  for (const QuantKernels* qk : tiers())
+    for (int bits : {4, 8})
+      for (int64_t block : {0, 16, 32, 64, 128})
+        for (bool zp : {false, true}) {
+          const int sdt = int(ht::randint(0, 2));
+          const int64_t N = ht::randint(1, 13);
+          const int64_t K = block ? block * ht::randint(1, 4) : 2 * ht::randint(1, 150);
+          const int64_t M = ht::randint(1, 7);
+          const QW w = make_qw(bits, N, K, block, zp, sdt);
+          const int64_t ldx = K + ht::randint(0, 5);
+          std::vector<float> X(size_t(M * ldx));
+          for (auto& v : X) v = float(ht::uniform(-1, 1));
+          const int64_t n0 = ht::randint(0, N - 1), n1 = ht::randint(n0 + 1, N);
+          const int64_t ldy = (n1 - n0) + ht::randint(0, 3);
+          std::vector<float> Y(size_t(M * ldy), std::nanf(""));
+          qk->gemm[bits == 8](w.view(), n0, n1, X.data(), ldx, M, Y.data(), ldy);
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = n0; n < n1; ++n) {
+              double ref = 0, mag = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double term = w.deq(n, k) * X[size_t(m * ldx + k)];
+                ref += term;
+                mag += std::fabs(term);
+              }
+              const double got = Y[size_t(m * ldy + n - n0)];
+              CHECK_MSG(std::fabs(got - ref) <= 1e-6 * mag + 1e-7,
+                        std::string(qk->name) + " bits=" + std::to_string(bits) + " block=" + std::to_string(block) +
+                            " zp=" + std::to_string(zp) + " got " + std::to_string(got) + " want " +
+                            std::to_string(ref));
+            }
+        }
+}
+
+TEST(qmoe_gemm_int8_tokens_exact_integer_math) {
+  for (const QuantKernels* qk : tiers())
+    for (int bits : {4, 8})
+      for (int64_t block : {16, 32, 64, 128})
+        for (bool zp : {false, true}) {
+          const int64_t N = ht::randint(1, 11), K = block * ht::randint(1, 4), M = ht::randint(1, 7);
+          const QW w = make_qw(bits, N, K, block, zp, int(ht::randint(0, 2)));
+          const int64_t nb = w.nb, ld = K + 16 * ht::randint(0, 2);
+          std::vector<int8_t> xq(size_t(M * ld), 0), stored(size_t(M * ld), 0);
+          std::vector<float> xsc(size_t(M * nb));
+          std::vector<int32_t> xsum(size_t(M * nb), 0);
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t k = 0; k < K; ++k) {
+              const int8_t c = int8_t(ht::randint(-127, 127));
+              xq[size_t(m * ld + k)] = c;
+              xsum[size_t(m * nb + k / block)] += c;
+              int64_t pos = k;
+              if (qk->i8_even_odd && bits == 4) {
+                const int64_t j = k & 15;
+                pos = (k & ~int64_t(15)) + (j & 1 ? 8 + (j >> 1) : j >> 1);
+              }
+              stored[size_t(m * ld + pos)] = c;
+            }
+          for (auto& v : xsc) v = float(ht::uniform(0.001, 0.02));
+          QTokens x;
+          x.q = stored.data();
+          x.scale = xsc.data();
+          x.sum = xsum.data();
+          x.ld = ld;
+          x.nb = nb;
+          x.block = block;
+          x.even_odd = qk->i8_even_odd && bits == 4;
+          std::vector<float> Y(size_t(M * N), std::nanf(""));
+          qk->gemm_i8[bits == 8](w.view(), 0, N, x, M, Y.data(), N);
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+              double ref = 0, mag = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double t = w.deq(n, k) * xsc[size_t(m * nb + k / block)] * xq[size_t(m * ld + k)];
+                ref += t;
+                mag += std::fabs(t);
+              }
+              CHECK_MSG(std::fabs(Y[size_t(m * N + n)] - ref) <= 1e-5 * mag + 1e-6,
+                        std::string(qk->name) + " i8 bits=" + std::to_string(bits) + " block=" + std::to_string(block));
+            }
+        }
+}
+
+TEST(qmoe_routing_topk_on_logits_softmax_over_k) {
+  ThreadPool pool(2);
+  for (bool with_rw : {false, true})
+    for (bool norm : {false, true}) {
+      const int64_t T = ht::randint(1, 200), E = ht::randint(1, 40), k = ht::randint(1, std::min<int64_t>(E, 8));
+      ht::Buf lg = ht::random_buf(0, size_t(T * E), 4.0);
+      for (auto& v : lg.val) v = std::round(v * 2) / 2;  // many ties
+      ht::encode(lg);
+      ht::Buf rw = ht::random_buf(0, size_t(T * E), 1.0);
+      for (auto& v : rw.val) v = double(float(std::fabs(v) + 0.01));  // mixing weights are probabilities
+      ht::encode(rw);
+      Routes R;
+      const std::string err = compute_qmoe_routes(lg.data(), with_rw ? rw.data() : nullptr, DType::F32, T, E, k, norm,
+                                                  pool.parallel(), &R);
+      CHECK(err.empty());
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<int> idx(static_cast<size_t>(E));
+        std::iota(idx.begin(), idx.end(), 0);
+        std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) {
+          const double la = lg.val[size_t(t * E + a)], lb = lg.val[size_t(t * E + b)];
+          return la != lb ? la > lb : a > b;  // ties: higher index first
+        });
+        std::vector<double> wt(static_cast<size_t>(k));
+        double sum = 0;
+        for (int64_t s = 0; s < k; ++s) {
+          wt[size_t(s)] = with_rw ? rw.val[size_t(t * E + idx[size_t(s)])]
+                                  : std::exp(lg.val[size_t(t * E + idx[size_t(s)])] - lg.val[size_t(t * E + idx[0])]);
+          sum += wt[size_t(s)];
+        }
+        for (int64_t s = 0; s < k; ++s) {
+          double want = wt[size_t(s)];
+          if (!with_rw || norm) want = sum == 0 ? 0 : want / sum;
+          const int64_t p = R.slot_pos[size_t(t * k + s)];
+          if (!(want > 1e-8)) {
+            CHECK(p < 0 || std::fabs(R.weight[size_t(p)]) <= 1e-8 * 1.01);
+            continue;
+          }
+          if (!CHECK(p >= 0)) continue;
+          const int e = idx[size_t(s)];
+          CHECK(R.expert_begin[size_t(e)] <= p && p < R.expert_begin[size_t(e) + 1]);
+          CHECK(std::fabs(R.weight[size_t(p)] - want) <= 1e-6 * std::fabs(want) + 1e-7);
+        }
+      }
+    }
+  std::vector<float> bad = {0.0f, std::nanf(""), 1.0f, 2.0f};
+  Routes R;
+  const std::string err = compute_qmoe_routes(bad.data(), nullptr, DType::F32, 2, 2, 1, false, serial(), &R);
+  CHECK_MSG(err.find("NaN at token 0") != std::string::npos, err);
+}
+
+namespace {
+
+// float64 QMoE block from the definition (f32 tensors, SwiGLU interleaved or relu).
+std::vector<double> ref_qmoe(const MoEShape& s, const QMoEAttrs& a, const std::vector<float>& x,
+                             const std::vector<float>& logits, const std::vector<QW>& fc1,
+                             const std::vector<QW>& fc2, const std::vector<float>& b1, const std::vector<float>& b2) {
+  const int64_t H = s.hidden, I = s.inter, E = s.experts, k = a.moe.k;
+  const bool gated = is_gated(a.moe.activation);
+  const int64_t N1 = gated ? 2 * I : I;
+  std::vector<double> out(size_t(s.tokens * H), 0.0);
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    std::vector<int> idx(static_cast<size_t>(E));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](int p, int q) {
+      const float lp = logits[size_t(t * E + p)], lq = logits[size_t(t * E + q)];
+      return lp != lq ? lp > lq : p > q;
+    });
+    std::vector<double> wt(static_cast<size_t>(k));
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += wt[size_t(j)] = std::exp(double(logits[size_t(t * E + idx[size_t(j)])] - logits[size_t(t * E + idx[0])]));
+    for (int64_t j = 0; j < k; ++j) {
+      const int e = idx[size_t(j)];
+      const double rw = wt[size_t(j)] / sum;
+      std::vector<double> h(static_cast<size_t>(N1)), act(static_cast<size_t>(I));
+      for (int64_t n = 0; n < N1; ++n) {
+        double acc = b1[size_t(e * N1 + n)];
+        for (int64_t c = 0; c < H; ++c) acc += fc1[size_t(e)].deq(n, c) * x[size_t(t * H + c)];
+        h[size_t(n)] = acc;
+      }
+      for (int64_t i = 0; i < I; ++i) {
+        if (!gated) {
+          act[size_t(i)] = std::max(0.0, h[size_t(i)]);
+          continue;
+        }
+        const double g = std::min(h[size_t(2 * i)], double(a.moe.limit));
+        const double u = std::min(std::max(h[size_t(2 * i + 1)], -double(a.moe.limit)), double(a.moe.limit));
+        act[size_t(i)] = g / (1 + std::exp(-a.moe.alpha * g)) * (u + a.moe.beta);
+      }
+      for (int64_t n = 0; n < H; ++n) {
+        double acc = b2[size_t(e * H + n)];
+        for (int64_t i = 0; i < I; ++i) acc += fc2[size_t(e)].deq(n, i) * act[size_t(i)];
+        out[size_t(t * H + n)] += rw * acc;
+      }
+    }
+  }
+  return out;
+}
+
+// Stacks the experts' packed codes, scales and zero points as [E, ...].
+template <class F>
+std::vector<uint8_t> cat_bytes(const std::vector<QW>& v, F&& f) {
+  std::vector<uint8_t> out;
+  for (const QW& w : v) {
+    const auto& b = f(w);
+    out.insert(out.end(), b.begin(), b.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(qmoe_ffn_matches_float64_reference) {
+  ThreadPool pool(3);
+  std::vector<const KernelTier*> ks{&ref_tier()};
+  if (tier_unavailable_reason("avx2").empty()) ks.push_back(&avx2_tier());
+  for (const KernelTier* tier : ks)
+    for (int bits : {4, 8})
+      for (int64_t block : {0, 32})
+        for (bool swiglu : {false, true})
+          for (bool i8 : {false, true}) {
+            MoEShape s;
+            s.tokens = ht::randint(0, 9);
+            s.hidden = 64;
+            s.inter = 32;
+            s.experts = ht::randint(2, 6);
+            QMoEAttrs a;
+            a.bits = bits;
+            a.block_size = block;
+            a.int8_activations = i8;
+            a.moe.k = ht::randint(1, s.experts);
+            a.moe.activation = swiglu ? Activation::SwiGLU : Activation::Relu;
+            a.moe.gate_layout = swiglu ? GateLayout::Interleaved : GateLayout::Separate;
+            a.moe.alpha = 1.702f;
+            a.moe.beta = 1.0f;
+            a.moe.limit = 7.0f;
+            const int64_t N1 = swiglu ? 2 * s.inter : s.inter;
+            const bool zp = ht::randint(0, 1) == 1;
+            std::vector<QW> fc1, fc2;
+            for (int64_t e = 0; e < s.experts; ++e) {
+              fc1.push_back(make_qw(bits, N1, s.hidden, block, zp, 0));
+              fc2.push_back(make_qw(bits, s.hidden, s.inter, block, zp, 0));
+            }
+            std::vector<float> x(size_t(s.tokens * s.hidden)), lg(size_t(s.tokens * s.experts)),
+                b1(size_t(s.experts * N1)), b2(size_t(s.experts * s.hidden));
+            for (auto& v : x) v = float(ht::uniform(-1, 1));
+            for (auto& v : lg) v = float(ht::uniform(-2, 2));
+            for (auto& v : b1) v = float(ht::uniform(-0.5, 0.5));
+            for (auto& v : b2) v = float(ht::uniform(-0.5, 0.5));
+            const auto c1 = cat_bytes(fc1, [](const QW& w) { return w.codes; });
+            const auto c2 = cat_bytes(fc2, [](const QW& w) { return w.codes; });
+            const auto s1 = cat_bytes(fc1, [](const QW& w) { return w.scales.raw; });
+            const auto s2 = cat_bytes(fc2, [](const QW& w) { return w.scales.raw; });
+            const auto z1 = cat_bytes(fc1, [](const QW& w) { return w.zp; });
+            const auto z2 = cat_bytes(fc2, [](const QW& w) { return w.zp; });
+            std::vector<float> out(size_t(s.tokens * s.hidden), std::nanf(""));
+            QMoETensors t;
+            t.input = x.data();
+            t.router = lg.data();
+            t.fc1_w = c1.data();
+            t.fc1_s = s1.data();
+            t.fc1_zp = zp ? z1.data() : nullptr;
+            t.fc1_b = b1.data();
+            t.fc2_w = c2.data();
+            t.fc2_s = s2.data();
+            t.fc2_zp = zp ? z2.data() : nullptr;
+            t.fc2_b = b2.data();
+            t.fc1_nb = fc1[0].nb;
+            t.fc2_nb = fc2[0].nb;
+            t.output = out.data();
+            const std::string err = qmoe_ffn(s, a, t, *tier, pool.parallel());
+            CHECK_MSG(err.empty(), err);
+            if (!err.empty()) continue;
+            const std::vector<double> ref = ref_qmoe(s, a, x, lg, fc1, fc2, b1, b2);
+            double scale = 1e-3;
+            for (double v : ref) scale = std::max(scale, std::fabs(v));
+            const double tol = (i8 && block ? 3e-2 : 2e-5) * scale;
+            for (size_t i = 0; i < ref.size(); ++i)
+              CHECK_MSG(std::fabs(out[i] - ref[i]) <= tol,
+                        std::string(tier->name) + " bits=" + std::to_string(bits) + " block=" + std::to_string(block) +
+                            " i8=" + std::to_string(i8) + " got " + std::to_string(out[i]) + " want " +
+                            std::to_string(ref[i]));
+          }
+}
+
+TEST(qmoe_validate_rejects_bad_parameters) {
+  MoEShape s;
+  s.tokens = 1;
+  s.hidden = 64;
+  s.inter = 32;
+  s.experts = 2;
+  QMoEAttrs a;
+  a.moe.k = 1;
+  uint8_t dummy[4] = {};
+  QMoETensors t;
+  t.input = t.router = t.output = dummy;
+  t.fc1_w = t.fc2_w = dummy;
+  t.fc1_s = t.fc2_s = dummy;
+  CHECK(validate_qmoe(s, a, t).empty());
+  a.bits = 2;
+  CHECK(validate_qmoe(s, a, t).find("expert_weight_bits=2") != std::string::npos);
+  a.bits = 4;
+  a.block_size = 24;
+  CHECK(validate_qmoe(s, a, t).find("power of two") != std::string::npos);
+  a.block_size = 32;
+  t.fc1_nb = 3;
+  CHECK(validate_qmoe(s, a, t).find("do not divide") != std::string::npos);
+  t.fc1_nb = 1;
+  a.moe.k = 3;
+  CHECK(validate_qmoe(s, a, t).find("exceeds") != std::string::npos);
+}
+
+TEST(qmoe_tiers_map_to_quantised_kernels) {
+  CHECK(std::string(quant_kernels_for(ref_tier()).name) == "ref");
+  const std::string want = tier_unavailable_reason("avx2").empty() ? "avx2" : "ref";
+  CHECK(std::string(quant_kernels_for(amx_emu_tier()).name) == want);
+  if (want == "avx2") CHECK(std::string(quant_kernels_for(avx2_tier()).name) == "avx2");
+  for (const QuantKernels* qk : {&quant_ref(), &quant_kernels_for(amx_emu_tier())})
+    for (int b = 0; b < 2; ++b) CHECK(qk->gemm[b] != nullptr && qk->gemm_i8[b] != nullptr);
+}
