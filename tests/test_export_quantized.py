@@ -24,13 +24,14 @@ import torch
 
 from conftest import cpu_session
 from export_fixtures import ARCHS
+from fusion_checks import profile_nodes
 from export_reference import compare_steps, decode_tokens, left_padded_batch, ort_steps
 from hinamoe.export import cli
 from quant_reference import dequantised_twin
 
 # Where the quantised model runs. Once HinaMoE claims QMoE, add "HinaMoE"
 # (and its placement check) here.
-PROVIDERS = ["CPUExecutionProvider"]
+PROVIDERS = ["CPUExecutionProvider", "HinaMoE"]
 CPU_FLOAT_ACTIVATIONS = ("ORT_QMOE_CPU_QNBIT_GEMM", "fp32")
 RTOL = ATOL = 1e-4
 DEFAULT_INT8_BOUND = 0.15  # x RMS of the logits, see the module docstring
@@ -89,7 +90,7 @@ def _check_quantised_graph(model: onnx.ModelProto, report: dict, config, bits: i
 @pytest.mark.parametrize("dtype", ["int4", "int8"])
 @pytest.mark.parametrize("arch", ARCH_PARAMS)
 def test_quantised_export_generates_like_dequantised(arch, dtype, provider, tiny_export, rng,
-                                                     monkeypatch):
+                                                     monkeypatch, tmp_path):
     from hinamoe.export import load_causal_lm
 
     if dtype == "int8":
@@ -103,7 +104,14 @@ def test_quantised_export_generates_like_dequantised(arch, dtype, provider, tiny
     twin = _twin(exp)
     ids, mask = left_padded_batch(rng, pt_config.vocab_size, lengths=(6, 3),
                                   pad_id=pt_config.pad_token_id)
-    om = load_causal_lm(exp.model.parent, providers=[provider])
+    so = None
+    if provider == "HinaMoE":
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.enable_profiling = True
+        so.profile_file_prefix = str(tmp_path / "gen")
+    om = load_causal_lm(exp.model.parent, providers=[provider], session_options=so)
     got = ort_steps(om.session, ids, mask, decode_steps=3)
     want = ort_steps(cpu_session(twin), ids, mask, decode_steps=3, tokens=decode_tokens(got))
     compare_steps(got, want, mask, RTOL, ATOL)
@@ -114,6 +122,12 @@ def test_quantised_export_generates_like_dequantised(arch, dtype, provider, tiny
     tokens = om.generate(**kw)
     assert tokens.shape == (2, ids.shape[1] + 8)
     assert torch.equal(tokens, ref.generate(**kw))
+    if provider == "HinaMoE":
+        # Every QMoE and GroupQueryAttention node ran on HinaMoE (ORT profile).
+        placed = profile_nodes(om.session.end_profiling())
+        ours = [n.name for n in model.graph.node if n.op_type in ("QMoE", "GroupQueryAttention")]
+        assert any(n.op_type == "QMoE" for n in model.graph.node)
+        assert {name: placed.get(name) for name in ours} == {name: "HinaMoE" for name in ours}
 
 
 def test_int8_default_cpu_activations(tiny_export, rng):

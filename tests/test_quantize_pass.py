@@ -24,7 +24,7 @@ from unfused_moe_graph import build_unfused_block, random_block_weights
 
 # Where the quantised nodes run. Once HinaMoE claims QMoE, adding "HinaMoE"
 # here runs every numeric test below on it too (placement: see _session).
-PROVIDERS = ["CPUExecutionProvider"]
+PROVIDERS = ["CPUExecutionProvider", "HinaMoE"]
 # ORT's CPU QMoE runs block-wise 8-bit experts on MLAS' int8 kernels, which
 # also round the activations to int8 per block; this switch (read when the
 # session is made) keeps them float, so the float32 tolerance applies.
@@ -33,7 +33,9 @@ CPU_FLOAT_ACTIVATIONS = ("ORT_QMOE_CPU_QNBIT_GEMM", "fp32")
 
 def _session(model, provider: str):
     if provider == "HinaMoE":
-        return hina_session(as_bytes(model), no_fallback=False, cpu_fallback_provider=True)
+        # strict=1: a QMoE node HinaMoE would leave to the CPU EP fails here.
+        return hina_session(as_bytes(model), no_fallback=False, cpu_fallback_provider=True,
+                            extra_options={"strict": "1"})
     return cpu_session(as_bytes(model))
 
 
