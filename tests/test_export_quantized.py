@@ -29,8 +29,8 @@ from export_reference import compare_steps, decode_tokens, left_padded_batch, or
 from hinamoe.export import cli
 from quant_reference import dequantised_twin
 
-# Where the quantised model runs. Once HinaMoE claims QMoE, add "HinaMoE"
-# (and its placement check) here.
+# Where the quantised model runs (on HinaMoE, the profile must show every
+# QMoE and GroupQueryAttention node there).
 PROVIDERS = ["CPUExecutionProvider", "HinaMoE"]
 CPU_FLOAT_ACTIVATIONS = ("ORT_QMOE_CPU_QNBIT_GEMM", "fp32")
 RTOL = ATOL = 1e-4

@@ -22,8 +22,7 @@ from quant_reference import (matmul_nbits_weight, qmoe_reference, qmoe_reference
                              qmoe_weights)
 from unfused_moe_graph import build_unfused_block, random_block_weights
 
-# Where the quantised nodes run. Once HinaMoE claims QMoE, adding "HinaMoE"
-# here runs every numeric test below on it too (placement: see _session).
+# Where the quantised nodes run (on HinaMoE under strict=1: see _session).
 PROVIDERS = ["CPUExecutionProvider", "HinaMoE"]
 # ORT's CPU QMoE runs block-wise 8-bit experts on MLAS' int8 kernels, which
 # also round the activations to int8 per block; this switch (read when the
