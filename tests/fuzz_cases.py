@@ -1,7 +1,8 @@
 """The fuzzer's cases: random MoE and GroupQueryAttention nodes (attributes,
 shapes, dtypes, tiers, simulated NUMA nodes) fed random and extreme values
 (NaN, Inf, the largest finite value, denormals, empty dims, tied router
-logits), each checked against the CPU EP where it runs the node and against
+logits; GQA also with ``sliding_window_cache=1``: a shared window buffer
+past eviction, decode and staged multi-token steps), each checked against the CPU EP where it runs the node and against
 the float64 reference (and, for bfloat16 GQA, HinaMoE's ``ref`` tier) where
 it does not.
 
