@@ -1,7 +1,8 @@
 """The fuzzer's cases: random MoE and GroupQueryAttention nodes (attributes,
 shapes, dtypes, tiers, simulated NUMA nodes) fed random and extreme values
 (NaN, Inf, the largest finite value, denormals, empty dims, tied router
-logits), each checked against the CPU EP where it runs the node and against
+logits; GQA also with ``sliding_window_cache=1``: a shared window buffer
+past eviction, decode and staged multi-token steps), each checked against the CPU EP where it runs the node and against
 the float64 reference (and, for bfloat16 GQA, HinaMoE's ``ref`` tier) where
 it does not.
 
@@ -111,7 +112,32 @@ def gen_gqa(rng) -> dict:
         for _ in range(int(rng.integers(1, 4))):
             c["specials"].append([_pick(rng, names), _pick(rng, GQA_SPECIALS), int(rng.integers(1, 4))])
     c["malformed"] = _pick(rng, GQA_MALFORMED) if rng.random() < 0.12 else None
+    if rng.random() < 0.2:
+        _window_cache_case(rng, c)
     return c
+
+
+def _window_cache_case(rng, c):
+    """Turn a case into a sliding_window_cache=1 step: a window W, a buffer
+    of capacity C >= W shared by past and present (as genai binds it), rows
+    filled as the op leaves them after ``lens[b]`` tokens (often past
+    eviction), then a decode step or a batch-1 multi-token step (long ones
+    evict keys their first queries read: the staged path)."""
+    w = int(_pick(rng, (1, 2, 3, 6, 16)))
+    c["local_window_size"] = w
+    c["window_capacity"] = w + int(_pick(rng, (0, 0, 1, 3, 9)))
+    c["buffer"], c["malformed"] = "shared", None
+    if c["phase"] in ("prompt", "continue"):
+        c["phase"], b = "continue", 1
+        c["new"] = int(rng.integers(2, c["window_capacity"] + 4))
+    else:
+        c["phase"], b = "decode", int(rng.integers(1, 4))
+        c["new"] = 1
+    c["lens"] = [int(x) for x in rng.integers(1, 3 * c["window_capacity"] + 4, size=b)]
+    if rng.random() < 0.6:  # specials inside and outside the window, in Q, K, V, bias, sink
+        names = [n for n in GQA_TENSORS if _gqa_has(c, n)]
+        c["specials"] = [[_pick(rng, names), _pick(rng, GQA_SPECIALS), int(rng.integers(1, 4))]
+                         for _ in range(int(rng.integers(1, 4)))]
 
 
 def _gqa_has(c, name: str) -> bool:
@@ -243,8 +269,59 @@ def _run(fn):
         return None, error_text(e)
 
 
+def resident_rows(total: int, capacity: int, window: int) -> int:
+    """Rows a windowed buffer keeps after ``total`` tokens (the schema's L(T))."""
+    if total <= capacity:
+        return total
+    g = capacity - window + 1
+    return total - g * -(-(total - capacity) // g)
+
+
+def _window_inputs(c, cfg, rng):
+    """(step, windowed buffer, float64 full-length past for the reference)."""
+    lens, new, cap, w = c["lens"], c["new"], c["window_capacity"], cfg.local_window_size
+    full = max(lens) + new
+    step = random_step(cfg, rng, lens, new, positions=full + 4)
+    mag = c["magnitude"]
+    dt = np_dtype(cfg.dtype)
+    if mag != 1.0:
+        for name in ("query", "key", "value"):
+            arr = getattr(step, name)
+            if arr is not None:
+                setattr(step, name, (arr.astype(np.float64) * mag).astype(dt))
+    win = KVCache.empty(cfg, len(lens), cap)  # unused rows NaN: a kernel reading one shows
+    for b, total in enumerate(lens):
+        n = resident_rows(total, cap, w)
+        shape = win.key[b, :, :n].shape
+        win.key[b, :, :n] = (rng.standard_normal(shape) * mag).astype(dt)
+        win.value[b, :, :n] = rng.standard_normal(shape).astype(dt)
+    for name, kind, count in c["specials"]:
+        if name in ("past_key", "past_value"):
+            arr = win.key if name == "past_key" else win.value
+            for b, total in enumerate(lens):
+                _poke(rng, arr[b, :, :resident_rows(total, cap, w)], kind, count, cfg.dtype, summed=True)
+        else:
+            _poke(rng, getattr(step, name), kind, count, cfg.dtype, summed=name in ("query", "key", "value"))
+    full_k = np.full((len(lens), cfg.kv_num_heads, full, cfg.head_dim), np.nan)
+    full_v = full_k.copy()
+    for b, total in enumerate(lens):
+        n = resident_rows(total, cap, w)
+        # Rows before the last query's window are not read by every query
+        # (ORT multiplies them by 0, HinaMoE skips them: a documented
+        # difference): no non-finite V there.
+        v = win.value[b, :, :n]
+        before = max(0, min(n, total + new - w - (total - n)))
+        bad = ~np.isfinite(v[:, :before].astype(np.float64))
+        v[:, :before][bad] = 0
+        full_k[b, :, total - n:total], full_v[b, :, total - n:total] = win.key[b, :, :n], win.value[b, :, :n]
+    return step, win, full_k, full_v
+
+
 def run_gqa_case(c) -> str:
     from test_ep_errors import relax_inputs
+
+    if c.get("window_capacity"):
+        return run_gqa_window_case(c)
 
     rng = np.random.default_rng(c["seed"])
     cfg = _gqa_config(c)
@@ -290,6 +367,40 @@ def run_gqa_case(c) -> str:
         ref, _, _, valid = gqa_reference(cfg, step, ref_past_k, ref_past_v, shared=shared and past is not None)
     except Exception as e:  # noqa: BLE001
         raise AssertionError(f"{what}: the float64 reference failed on a case both EPs ran: {e}") from e
+    return _compare_gqa(c, cfg, got, want, ref, valid, cpu_runs, what)
+
+
+def run_gqa_window_case(c) -> str:
+    """A sliding_window_cache=1 step on a shared windowed buffer: the output
+    against the CPU EP (f32/f16) or ``ref`` (bf16) and the float64 reference
+    on a full-length cache at absolute positions; the buffer's rows
+    afterwards against the CPU EP's / ref's (same non-finite positions)."""
+    rng = np.random.default_rng(c["seed"])
+    cfg = _gqa_config(c)
+    cfg.extra_attrs = {"sliding_window_cache": 1}
+    step, win, full_k, full_v = _window_inputs(c, cfg, rng)
+    model = build_gqa_model(cfg, name=NODE)
+    what = f"gqa window case {c}"
+    mine, theirs = win.copy(), win.copy()
+    got, err = _run(lambda: run_gqa_shared(hina_session(model, isa=c["isa"], threads=c["threads"],
+                                                        extra_options=_session_options(c)), cfg, mine, step))
+    cpu_runs = cfg.dtype != "bfloat16"
+    other = (lambda: cpu_session(model, threads=c["threads"])) if cpu_runs else (lambda: hina_session(model, isa="ref"))
+    want, cpu_err = _run(lambda: run_gqa_shared(other(), cfg, theirs, step))
+    assert err is None, f"{what}: HinaMoE refused a valid windowed step: {err}"
+    assert cpu_err is None, f"{what}: {'the CPU EP' if cpu_runs else 'ref'} refused it: {cpu_err}"
+    ref, _, _, valid = gqa_reference(cfg, step, full_k, full_v, shared=True)
+    verdict = _compare_gqa(c, cfg, got, want, ref, valid, cpu_runs, what)
+    for b, total in enumerate(c["lens"]):
+        n = resident_rows(total + c["new"], c["window_capacity"], cfg.local_window_size)
+        for name in ("key", "value"):
+            g = getattr(mine, name)[b, :, :n].astype(np.float64)
+            w = getattr(theirs, name)[b, :, :n].astype(np.float64)
+            check_same_nonfinite(g, w, f"{what} row {b} present_{name}", dtype=cfg.dtype)
+    return verdict
+
+
+def _compare_gqa(c, cfg, got, want, ref, valid, cpu_runs, what) -> str:
     if got.size == 0:
         assert want.size == 0
         return "ok (empty)"

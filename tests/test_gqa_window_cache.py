@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import cpu_session, error_text, hina_session, require_isa
-from gqa_cases import check_close
+from gqa_cases import check_close, check_same_nonfinite
 from gqa_reference import gqa_reference
 from hinamoe.models import GQAConfig, KVCache, build_gqa_model, prompt_step, random_step, run_gqa, run_gqa_shared
 
@@ -212,3 +212,75 @@ def test_window_errors(case, rng):
         run_gqa_shared(sess, cfg, cache, step)
     msg = error_text(ei.value)
     assert "GroupQueryAttention" in msg and want in msg, msg
+
+
+def _nonfinite_case(name, dtype, rng):
+    """(cfg, capacity, lens, step, buffer) of one named NaN/Inf case; the
+    buffer's rows are as the op leaves them after ``lens`` tokens."""
+    kw = dict(dtype=dtype, num_heads=4, kv_num_heads=1, head_dim=16, head_sink=False, packed=False)
+    cap, lens, new = 7, [9], 1
+    if name == "nan_v_in_window":
+        cfg = window_config(**kw)
+    elif name == "inf_v_just_evicted":  # a full buffer: this decode step evicts rows 0..C-W
+        cfg, lens = window_config(**kw), [7]
+    elif name == "nan_key_staged":  # 8 new tokens > capacity: the staged path
+        cfg, new = window_config(**kw), 8
+    else:  # fully_masked: head 1's bias -inf on every column
+        cfg = window_config(attention_bias=True, **kw)
+    step = random_step(cfg, rng, lens, new, positions=lens[0] + new + 4)
+    win = KVCache.empty(cfg, 1, cap)
+    n = resident(lens[0], cap, cfg.local_window_size)
+    win.key[0, :, :n] = rng.standard_normal(win.key[0, :, :n].shape)
+    win.value[0, :, :n] = rng.standard_normal(win.value[0, :, :n].shape)
+    if name == "nan_v_in_window":
+        win.value[0, 0, n - 2, 3] = np.nan
+        win.value[0, 0, n - 1, 5] = np.inf
+    elif name == "inf_v_just_evicted":
+        win.value[0, 0, 0, 3] = np.inf
+        win.key[0, 0, 0, 2] = np.nan
+    elif name == "nan_key_staged":
+        step.key[0, 1, 4] = np.nan
+    else:
+        step.attention_bias[0, 1] = -np.inf
+    return cfg, cap, lens, step, win
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["nan_v_in_window", "inf_v_just_evicted", "nan_key_staged", "fully_masked"])
+def test_window_nonfinite(name, dtype, isa, rng, seed):
+    """NaN/Inf through a windowed cache, position by position: against the
+    CPU EP (float32/float16) or ``ref`` (bfloat16), outputs and the buffer
+    afterwards; and the NaN/Inf positions against the float64 reference on a
+    full-length cache."""
+    require_isa(isa)
+    cfg, cap, lens, step, win = _nonfinite_case(name, dtype, rng)
+    model = build_gqa_model(cfg)
+    other = cpu_session(model) if dtype != "bfloat16" else hina_session(model, isa="ref")
+    mine, theirs = win.copy(), win.copy()
+    got = run_gqa_shared(hina_session(model, isa=isa, threads=2), cfg, mine, step).astype(np.float64)
+    want = run_gqa_shared(other, cfg, theirs, step).astype(np.float64)
+    total, new, w = lens[0], step.query.shape[1], cfg.local_window_size
+    n = resident(total, cap, w)
+    full_k = np.full((1, cfg.kv_num_heads, total + new, cfg.head_dim), np.nan)
+    full_v = full_k.copy()
+    full_k[:, :, total - n:total], full_v[:, :, total - n:total] = win.key[:, :, :n], win.value[:, :, :n]
+    ref, _, _, valid = gqa_reference(cfg, step, full_k, full_v, shared=True)
+    what = f"{name} {dtype} isa={isa} seed {seed}"
+    g = got.reshape(ref.shape[0], ref.shape[1], -1)
+    w_ = want.reshape(g.shape)
+    if dtype == "float32":
+        # ORT's MLAS float softmax drops a NaN score at some positions (README):
+        # its NaNs are HinaMoE's, the rest matches, float64 decides the NaNs.
+        assert not (np.isnan(w_) & ~np.isnan(g))[valid].any(), what + ": a CPU EP NaN is not NaN on HinaMoE"
+        keep = valid[..., None] & ~np.isnan(g)
+        check_same_nonfinite(g[keep], w_[keep], what + " vs CPU EP", dtype=dtype)
+    else:
+        check_same_nonfinite(g, w_, what + " vs " + ("CPU EP" if dtype != "bfloat16" else "ref"), valid, dtype=dtype)
+    assert (~np.isfinite(g)).any() == (name != "inf_v_just_evicted" and not (name == "fully_masked"
+                                                                             and dtype == "float32")), what
+    check_same_nonfinite(np.where(np.isfinite(g), 0, g), np.where(np.isfinite(ref), 0, ref), what + " vs float64",
+                         valid, dtype=dtype)
+    m = resident(total + new, cap, w)
+    for got_rows, want_rows, label in ((mine.key, theirs.key, "key"), (mine.value, theirs.value, "value")):
+        check_same_nonfinite(got_rows[0, :, :m], want_rows[0, :, :m], f"{what} present_{label}", dtype=dtype)
