@@ -1,4 +1,4 @@
-"""The fuzzer's cases: random MoE and GroupQueryAttention nodes (attributes,
+"""The fuzzer's cases: random MoE, QMoE and GroupQueryAttention nodes (attributes,
 shapes, dtypes, tiers, simulated NUMA nodes) fed random and extreme values
 (NaN, Inf, the largest finite value, denormals, empty dims, tied router
 logits; GQA also with ``sliding_window_cache=1``: a shared window buffer
@@ -16,10 +16,16 @@ parameters alone::
 AssertionError. Crashes and hangs are the worker's business
 (fuzz_worker.py runs cases in a subprocess).
 
+QMoE cases: 4/8 bits, row-wise or block-wise scales (blocks 16..128),
+zero points, biases, router_weights, every gate layout and activation,
+accuracy_level 0/4; NaN/Inf tokens, tied/huge/NaN router logits, NaN
+scales; scales and zero points of wrong shapes, a block_size not a power of
+two, 2/3-bit weights. Against the CPU EP (floating-point experts:
+``ORT_QMOE_CPU_QNBIT_GEMM=fp32``) where it runs the node, always against
+the float64 dequantising reference (tests/qmoe_reference.py).
+
 Adding an op: write ``gen_<op>(rng) -> dict`` and ``run_<op>(case) -> str``
-and register both in ``OPS``. QMoE (being written in parallel) goes here
-once it lands: scales and zero points of wrong shapes, ``block_size`` edge
-cases, NaN scales, against its float64 dequantising reference.
+and register both in ``OPS``.
 """
 
 from __future__ import annotations
@@ -513,10 +519,191 @@ def run_moe_case(c) -> str:
     return "ok"
 
 
+
+# ------------------------------------------------------------------ QMoE
+
+QMOE_ACTS = (("swiglu", 1), ("swiglu", 1), ("swiglu", 0), ("swiglu", 2), ("silu", 0), ("relu", 0),
+             ("gelu", 0), ("identity", 0), ("geglu", 1))
+QMOE_VALUES = ("normal", "normal", "normal", "tied_logits", "huge_logits", "nan_logits", "nan_x", "inf_x",
+               "nan_scale")
+QMOE_MALFORMED = ("scales_shape", "zp_shape", "block_not_pow2", "bits_2", "bits_3")
+
+
+def gen_qmoe(rng) -> dict:
+    c = _common(rng)
+    act, fusion = _pick(rng, QMOE_ACTS)
+    block = int(_pick(rng, (0, 0, 16, 32, 64, 128)))
+    # K (hidden for fc1/fc3, inter for fc2): whole blocks, even; block-wise
+    # with at least 2 blocks (with one, the builder packs the zero points
+    # row-wise, which the CPU EP refuses for a block-wise node)
+    unit, low = (block, 2) if block else (16, 1)
+    c.update(act=act, fusion=int(fusion), bits=int(_pick(rng, (4, 8))), block=block,
+             hidden=unit * int(rng.integers(low, low + 2)), inter=unit * int(rng.integers(low, low + 2)),
+             experts=int(rng.integers(2, 7)), zero_points=bool(rng.random() < 0.3),
+             fc1_bias=bool(rng.random() < 0.4), fc2_bias=bool(rng.random() < 0.4),
+             router_weights=bool(rng.random() < 0.2), normalize=int(rng.random() < 0.3),
+             accuracy_level=_pick(rng, (None, None, 0, 4)), rank3=bool(rng.random() < 0.2),
+             tokens=int(_pick(rng, (0, 1, 2, 5, 16, 33))), values=_pick(rng, QMOE_VALUES))
+    c["k"] = int(rng.integers(1, min(c["experts"], 3) + 1))
+    c["malformed"] = _pick(rng, QMOE_MALFORMED) if rng.random() < 0.12 else None
+    return c
+
+
+def _qmoe_config(c):
+    from hinamoe.models import QMoEConfig
+
+    swiglu = c["act"] == "swiglu"
+    return QMoEConfig(hidden=c["hidden"], inter=c["inter"], experts=c["experts"], k=c["k"], bits=c["bits"],
+                      block_size=c["block"], activation=c["act"], swiglu_fusion=c["fusion"], dtype=c["dtype"],
+                      fc1_bias=c["fc1_bias"], fc2_bias=c["fc2_bias"], fc3_bias=c["fc1_bias"],
+                      zero_points=c["zero_points"], router_weights=c["router_weights"],
+                      accuracy_level=c["accuracy_level"], normalize_routing_weights=c["normalize"],
+                      activation_alpha=1.702 if swiglu else None, activation_beta=1.0 if swiglu else None,
+                      swiglu_limit=7.0 if swiglu else None, input_rank=3 if c["rank3"] else 2)
+
+
+def _cpu_ep_runs_qmoe(cfg) -> bool:
+    if cfg.dtype == "bfloat16" or (cfg.dtype == "float16" and not CPU_EP_F16_MOE_OK):
+        return False
+    return cfg.activation == "silu" or (cfg.activation == "swiglu" and cfg.swiglu_fusion == 1)
+
+
+def _replace_initializer(model, name, arr):
+    from onnx import helper
+
+    for init in model.graph.initializer:
+        if init.name == name:
+            init.CopyFrom(helper.make_tensor(name, init.data_type, list(arr.shape), arr.tobytes(), raw=True))
+            return
+    raise KeyError(name)
+
+
+def _qmoe_malform(c, model, w) -> tuple[str, tuple] | None:
+    """Break the model as ``c["malformed"]`` says; return (what, accepted
+    error needles) or None when this case has nothing to break."""
+    m = c["malformed"]
+    attrs = {a.name: a for a in model.graph.node[0].attribute}
+    if m == "scales_shape":
+        key = "fc1_scales" if c["seed"] % 2 else "fc2_scales"
+        s = w[key]
+        bad = s[..., :-1] if s.ndim == 3 and s.shape[-1] > 1 else s[:, :-1]
+        _replace_initializer(model, key, np.ascontiguousarray(bad))
+        return m, (key,)
+    if m == "zp_shape" and "fc2_zp" in w:
+        _replace_initializer(model, "fc2_zero_points", np.ascontiguousarray(w["fc2_zp"][:, :-1]))
+        return m, ("fc2_zero_points",)
+    if m == "block_not_pow2" and c["block"]:
+        attrs["block_size"].i = c["block"] + c["block"] // 2
+        return m, ("block_size",)
+    if m in ("bits_2", "bits_3"):
+        attrs["expert_weight_bits"].i = int(m[-1])
+        return m, ("QMoE",)
+    return None
+
+
+def run_qmoe_case(c) -> str:
+    import os
+
+    from hinamoe.models import build_qmoe_model
+    from qmoe_reference import qmoe_reference
+
+    rng = np.random.default_rng(c["seed"])
+    cfg = _qmoe_config(c)
+    model, w = build_qmoe_model(cfg, rng)
+    dt = np_dtype(cfg.dtype)
+    t = c["tokens"]
+    batch = 2 if (cfg.input_rank == 3 and t % 2 == 0 and t > 0) else 1
+    x = rng.standard_normal((t, cfg.hidden)).astype(dt)
+    lg = (rng.standard_normal((t, cfg.experts)) * 2).astype(dt)
+    rw = rng.uniform(0.01, 1.0, size=(t, cfg.experts)).astype(dt) if cfg.router_weights else None
+    kind = c["values"]
+    what = f"qmoe case {c}"
+    bad_token = None
+    if t > 0:
+        if kind == "tied_logits":
+            lg[...] = np.round(lg * 2) / 2
+            lg[0, :] = lg[0, 0]
+        elif kind == "huge_logits":
+            lg[...] = (lg.astype(np.float64) * (1e3 if cfg.dtype == "float16" else 1e30)).astype(dt)
+        elif kind == "nan_logits":
+            bad_token = int(rng.integers(t))
+            lg[bad_token, int(rng.integers(cfg.experts))] = np.nan
+        elif kind in ("nan_x", "inf_x") and not (cfg.block_size and cfg.accuracy_level == 4):
+            # (not with int8 tokens: there a token holding Inf gives a finite
+            # row, see the fuzzer's report; left out until that is decided)
+            x[int(rng.integers(t)), int(rng.integers(cfg.hidden))] = np.nan if kind == "nan_x" else np.inf
+        elif kind == "nan_scale":  # an fc2 scale: its output row turns NaN wherever the expert is used
+            s = w["fc2_scales"]
+            at = np.unravel_index(int(rng.integers(s.size)), s.shape)
+            s[at] = np.nan
+            _replace_initializer(model, "fc2_scales", s)
+            deq = w["deq"]["fc2"] = np.array(w["deq"]["fc2"], np.float64)
+            cols = slice(at[2] * cfg.block_size, (at[2] + 1) * cfg.block_size) if s.ndim == 3 else slice(None)
+            deq[at[0], at[1], cols] = np.nan
+    if cfg.input_rank == 3:
+        x = x.reshape(batch, t // batch, cfg.hidden)
+    extra = {"router_weights": rw} if cfg.router_weights else None  # run_moe feeds bfloat16 too
+    broken = _qmoe_malform(c, model, w) if c.get("malformed") else None
+
+    def hina():
+        sess = hina_session(model, isa=c["isa"], threads=c["threads"], extra_options=_session_options(c))
+        return run_moe(sess, x, lg, extra)
+
+    got, err = _run(hina)
+    if broken is not None:
+        m, needles = broken
+        if m.startswith("bits_") and err is not None and "leaves node" not in err:
+            # 2-bit: HinaMoE leaves it to the CPU EP (no_fallback then fails session creation)
+            assert "QMoE" in err or "qmoe" in err or "node" in err, f"{what}: unclear error: {err}"
+            return "refused: " + err[-120:]
+        assert err is not None, f"{what}: malformed ({m}) accepted"
+        assert any(n in err for n in needles) or "node" in err, f"{what}: the error does not say why: {err}"
+        return "refused: " + err[-120:]
+    if bad_token is not None:
+        assert err is not None, f"{what}: NaN router logits accepted"
+        assert "NaN" in err and f"token {bad_token}" in err, f"{what}: the error does not name token {bad_token}: {err}"
+        return "refused: " + err[-120:]
+    assert err is None, f"{what}: HinaMoE refused: {err}"
+    assert got.shape == x.shape, f"{what}: output shape {got.shape}"
+    if t == 0:
+        return "ok (empty)"
+    ref = qmoe_reference(cfg, x, lg, w, rw).reshape(t, -1)
+    g = got.astype(np.float64).reshape(t, -1)
+    # int8 tokens (block-wise at accuracy_level 4): ~2% of the output scale
+    factor = 1000.0 if (cfg.block_size and cfg.accuracy_level == 4) else 1.0
+    if kind in ("nan_x", "inf_x", "nan_scale"):
+        rows = ~np.isfinite(ref).all(1)
+        # (relu maps a NaN to 0 on HinaMoE, max(0, x) ordered that way: the row may end finite)
+        if not (kind == "nan_x" and cfg.activation == "relu"):
+            assert (~np.isfinite(g[rows])).any(1).all(), f"{what}: a non-finite input gave a finite row"
+        if kind == "nan_scale":
+            check_same_nonfinite(np.where(np.isfinite(g), 0, g), np.where(np.isfinite(ref), 0, ref),
+                                 what + " NaN positions vs float64 reference")
+        keep = ~rows
+        moe_check_close(g[keep], ref[keep], cfg.dtype, what + " finite rows vs float64 reference", factor)
+        return "ok"
+    moe_check_close(g, ref, cfg.dtype, what + " vs float64 reference", factor)
+    if _cpu_ep_runs_qmoe(cfg) and kind != "huge_logits":
+        # float experts on the CPU EP (its default runs block-wise 8-bit with int8 tokens)
+        old = os.environ.get("ORT_QMOE_CPU_QNBIT_GEMM")
+        os.environ["ORT_QMOE_CPU_QNBIT_GEMM"] = "fp32"
+        try:
+            cpu = cpu_session(model, threads=c["threads"])
+        finally:
+            if old is None:
+                del os.environ["ORT_QMOE_CPU_QNBIT_GEMM"]
+            else:
+                os.environ["ORT_QMOE_CPU_QNBIT_GEMM"] = old
+        cpu_int8 = cfg.block_size and cfg.accuracy_level == 4  # MLAS QNBit int8 tokens regardless
+        oc = run_moe(cpu, x, lg, extra).astype(np.float64).reshape(t, -1)
+        moe_check_close(g, oc, cfg.dtype, what + " vs CPU EP", 2.0 * max(factor, 1000.0 if cpu_int8 else 1.0))
+    return "ok"
+
+
 # ------------------------------------------------------------------ registry
 
-# op -> (generator, runner). QMoE: add ("qmoe": (gen_qmoe, run_qmoe)) here.
-OPS = {"moe": (gen_moe, run_moe_case), "gqa": (gen_gqa, run_gqa_case)}
+# op -> (generator, runner)
+OPS = {"moe": (gen_moe, run_moe_case), "gqa": (gen_gqa, run_gqa_case), "qmoe": (gen_qmoe, run_qmoe_case)}
 
 
 def generate(op: str, rng) -> dict:
