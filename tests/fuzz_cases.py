@@ -669,8 +669,11 @@ def run_qmoe_case(c) -> str:
         return "ok (empty)"
     ref = qmoe_reference(cfg, x, lg, w, rw).reshape(t, -1)
     g = got.astype(np.float64).reshape(t, -1)
-    # int8 tokens (block-wise at accuracy_level 4): ~2% of the output scale
-    factor = 1000.0 if (cfg.block_size and cfg.accuracy_level == 4) else 1.0
+    # int8 tokens (block-wise at accuracy_level 4): each product errs by up
+    # to 1/254 of a token's largest element; at these small sizes (few
+    # routes, cancelling sums) that reached ~6% of the output's RMS in an
+    # 8-minute fuzz run (3x test_qmoe_ep's 2%)
+    factor = 4000.0 if (cfg.block_size and cfg.accuracy_level == 4) else 1.0
     if kind in ("nan_x", "inf_x", "nan_scale"):
         rows = ~np.isfinite(ref).all(1)
         # (relu maps a NaN to 0 on HinaMoE, max(0, x) ordered that way: the row may end finite)
@@ -696,7 +699,7 @@ def run_qmoe_case(c) -> str:
                 os.environ["ORT_QMOE_CPU_QNBIT_GEMM"] = old
         cpu_int8 = cfg.block_size and cfg.accuracy_level == 4  # MLAS QNBit int8 tokens regardless
         oc = run_moe(cpu, x, lg, extra).astype(np.float64).reshape(t, -1)
-        moe_check_close(g, oc, cfg.dtype, what + " vs CPU EP", 2.0 * max(factor, 1000.0 if cpu_int8 else 1.0))
+        moe_check_close(g, oc, cfg.dtype, what + " vs CPU EP", 2.0 * max(factor, 4000.0 if cpu_int8 else 1.0))
     return "ok"
 
 
