@@ -75,12 +75,15 @@ def run_batch(cases: list[dict], workdir: Path, case_timeout: float = 60.0) -> t
         lines: queue.Queue = queue.Queue()
         err_tail: list[str] = []
 
-        def read_out():
+        # This worker's pipes and queue bound now: a killed worker's reader
+        # still ends after the next worker started, and must not tell that
+        # one's queue it ended.
+        def read_out(proc=proc, lines=lines):
             for line in proc.stdout:
                 lines.put(line)
             lines.put(None)
 
-        def read_err():
+        def read_err(proc=proc, err_tail=err_tail):
             for line in proc.stderr:
                 err_tail.append(line)
                 del err_tail[:-40]
