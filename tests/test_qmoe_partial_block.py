@@ -36,6 +36,10 @@ def test_partial_last_block_parity(bits, block, accuracy_level, shape, rng):
     model, w = build_qmoe_model(cfg, rng)
     x, lg, _ = _inputs(cfg, int(rng.integers(1, 10)), rng)
     ref = qmoe_reference(cfg, x, lg, w)
+    # int8 tokens with random zero points (weights offset by up to 15 / 255
+    # scales) at K this small: ~1.6% of the output scale, the same with
+    # whole blocks (K=64), so twice the usual int8 allowance there.
+    hina_factor = _int8_factor(cfg, True) * (2 if zp else 1)
     cpu = _run(cpu_session(model), cfg, x, lg)
     check_close(cpu, ref, "float32", "CPU EP vs float64", factor=_int8_factor(cfg, False))
     for isa in ("ref", "avx2", "amx-emu"):
@@ -44,9 +48,9 @@ def test_partial_last_block_parity(bits, block, accuracy_level, shape, rng):
         except pytest.skip.Exception:
             continue
         out = _run(hina_session(model, isa=isa), cfg, x, lg)
-        check_close(out, ref, "float32", f"HinaMoE {isa} vs float64", factor=_int8_factor(cfg, True))
+        check_close(out, ref, "float32", f"HinaMoE {isa} vs float64", factor=hina_factor)
         check_close(out, cpu.astype(np.float64), "float32", f"HinaMoE {isa} vs CPU EP",
-                    factor=max(_int8_factor(cfg, True), _int8_factor(cfg, False)) * 2)
+                    factor=max(hina_factor, _int8_factor(cfg, False)) * 2)
 
 
 def test_scales_must_have_ceil_blocks(rng):
