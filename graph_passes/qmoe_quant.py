@@ -6,7 +6,9 @@ A weight ``W [..., N, K]`` (PyTorch ``[out, in]``) becomes
   row sits in byte ``c // (8 // bits)`` at bit ``(c % (8 // bits)) * bits``
   (4-bit: the even element in the low nibble);
 * ``scales [..., N]`` (row-wise, ``block_size=0``) or
-  ``[..., N, K / block_size]`` (block-wise);
+  ``[..., N, ceil(K / block_size)]`` (block-wise; when block_size does not
+  divide K the last block holds the remaining ``K % block_size`` elements,
+  as ORT's CPU QMoE reads it);
 
 with ``w = (q - zp) * scale`` and zero point ``zp = 2**(bits-1)`` (8 / 128)
 when the node has no zero-point input. ``quantize`` is symmetric (what
@@ -32,8 +34,15 @@ def _check(bits: int, k: int, block_size: int) -> None:
     if block_size:
         if block_size < 16 or block_size & (block_size - 1):
             raise ValueError(f"block_size={block_size}: expected a power of two >= 16 (or 0: row-wise)")
-        if k % block_size:
-            raise ValueError(f"K={k} is not a multiple of block_size={block_size}")
+
+
+def _blocks(x: np.ndarray, bs: int) -> np.ndarray:
+    """``x [..., K]`` -> ``[..., ceil(K/bs), bs]``, the partial last block zero-padded."""
+    k = x.shape[-1]
+    nb = -(-k // bs)
+    if nb * bs != k:
+        x = np.concatenate([x, np.zeros(x.shape[:-1] + (nb * bs - k,), x.dtype)], axis=-1)
+    return x.reshape(*x.shape[:-1], nb, bs)
 
 
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
@@ -71,7 +80,7 @@ def quantize(w: np.ndarray, bits: int, block_size: int = 32) -> tuple[np.ndarray
     *lead, n, k = w.shape
     _check(bits, k, block_size)
     bs = block_size or k
-    blocks = w.reshape(*lead, n, k // bs, bs)
+    blocks = _blocks(w, bs)
     qmax = 2 ** (bits - 1) - 1
     scale = (np.abs(blocks).max(axis=-1) / qmax).astype(np.float32)
     scale[scale == 0] = 1.0
@@ -79,7 +88,7 @@ def quantize(w: np.ndarray, bits: int, block_size: int = 32) -> tuple[np.ndarray
     q += 2 ** (bits - 1)
     np.clip(q, 0, 2 ** bits - 1, out=q)
     scales = scale if block_size else scale[..., 0]
-    return pack(q.reshape(*lead, n, k), bits), scales
+    return pack(q.reshape(*lead, n, -1)[..., :k], bits), scales
 
 
 def dequantize(packed: np.ndarray, scales: np.ndarray, bits: int, block_size: int,
@@ -87,7 +96,7 @@ def dequantize(packed: np.ndarray, scales: np.ndarray, bits: int, block_size: in
     """float64 ``W [..., N, K]`` from QMoE's packed codes and scales.
 
     ``scales`` (any float dtype, ml_dtypes.bfloat16 included) is ``[..., N]``
-    when ``block_size`` is 0, else ``[..., N, K / block_size]``;
+    when ``block_size`` is 0, else ``[..., N, ceil(K / block_size)]``;
     ``zero_points`` (unpacked, same shape as ``scales``) defaults to 2**(bits-1).
     """
     q = unpack(packed, bits).astype(np.float64)
@@ -99,8 +108,8 @@ def dequantize(packed: np.ndarray, scales: np.ndarray, bits: int, block_size: in
     if not block_size:
         s, zp = s[..., None], zp[..., None]
     bs = block_size or k
-    if s.shape != tuple(lead) + (n, k // bs):
+    if s.shape != tuple(lead) + (n, -(-k // bs)):
         raise ValueError(f"scales {np.shape(scales)} do not fit W {tuple(lead) + (n, k)} "
                          f"with block_size={block_size}")
-    rows = q.reshape(*lead, n, k // bs, bs)
-    return ((rows - zp[..., None]) * s[..., None]).reshape(*lead, n, k)
+    rows = _blocks(q, bs)
+    return ((rows - zp[..., None]) * s[..., None]).reshape(*lead, n, -1)[..., :k]

@@ -5,7 +5,7 @@
     out = sess.run(None, {"input": x, "router_probs": logits})[0]
 
 Inputs (ORT's QMoE): 0 input, 1 router_probs, 2 fc1_experts_weights
-``uint8 [E, N1, H*bits/8]``, 3 fc1_scales ``[E, N1]`` or ``[E, N1, H/block]``,
+``uint8 [E, N1, H*bits/8]``, 3 fc1_scales ``[E, N1]`` or ``[E, N1, ceil(H/block)]``,
 4 fc1 bias, 5-7 the same for fc2 ``[E, H, I*bits/8]``, 8-10 for fc3, 11-13
 zero points (packed as ORT reads them), 14 router_weights. Weights are
 symmetric-quantised random matrices (``graph_passes.qmoe_quant``); with
@@ -91,7 +91,7 @@ class QMoEConfig:
         item = np_dtype(self.dtype).itemsize
         total = 0
         for rows, cols in self.matrices():
-            nb = cols // self.block_size if self.block_size else 1
+            nb = -(-cols // self.block_size) if self.block_size else 1
             total += rows * cols * self.bits // 8 + rows * nb * item
         return total
 
@@ -120,7 +120,7 @@ def pack_zero_points(zp: np.ndarray, bits: int, blockwise: bool) -> np.ndarray:
 def _quantised(cfg: QMoEConfig, rows: int, cols: int, rng: np.random.Generator):
     dt = np_dtype(cfg.dtype)
     if cfg.random_codes:  # GB-sized layers: no float64 weights
-        nb = cols // cfg.block_size if cfg.block_size else 1
+        nb = -(-cols // cfg.block_size) if cfg.block_size else 1
         packed = rng.integers(0, 256, size=(cfg.experts, rows, cols * cfg.bits // 8), dtype=np.uint8)
         shape = (cfg.experts, rows, nb) if cfg.block_size else (cfg.experts, rows)
         scales = (rng.uniform(0.5, 1.5, size=shape) / (np.sqrt(cols) * 2 ** (cfg.bits - 1))).astype(dt)
@@ -128,7 +128,7 @@ def _quantised(cfg: QMoEConfig, rows: int, cols: int, rng: np.random.Generator):
     w = rng.uniform(-1, 1, size=(cfg.experts, rows, cols)) / np.sqrt(cols)
     packed, scales = qmoe_quant.quantize(w, cfg.bits, cfg.block_size)
     scales = scales.astype(dt)
-    nb = cols // cfg.block_size if cfg.block_size else 1
+    nb = -(-cols // cfg.block_size) if cfg.block_size else 1
     zp_unpacked = None
     zp_packed = None
     if cfg.zero_points:

@@ -104,18 +104,17 @@ OrtStatus* QMoEKernel::compute(OrtKernelContext* context) const {
   HINA_RETURN_IF_ERROR(expect(10, {s.experts, s.inter}, e + ", " + i_));
   HINA_RETURN_IF_ERROR(expect(14, {s.tokens, s.experts}, "tokens, " + e));
 
-  // Scales: [E, N] row-wise, or [E, N, K/block_size]; [E, N, 1] is row-wise.
+  // Scales: [E, N] row-wise, or [E, N, ceil(K/block_size)] (the last block
+  // partial when block_size does not divide K, as ORT's CPU EP takes it);
+  // [E, N, 1] is row-wise.
   // Zero points: [E, ceil(N/pack)] row-wise, [E, N, ceil(blocks/pack)] block-wise.
   auto blocks = [&](int w, int sc, int zp, int64_t N, int64_t K, int64_t* nb) -> OrtStatus* {
     if (in[w] == nullptr) return nullptr;
     if (in[sc] == nullptr) return error(kInputNames[sc], "is required with " + std::string(kInputNames[w]));
     const auto& ss = shape[sc];
     if (attrs.block_size > 0) {
-      if (K % attrs.block_size != 0)
-        return error(kInputNames[w], "K=" + std::to_string(K) + " is not a multiple of block_size=" +
-                                         std::to_string(attrs.block_size));
-      *nb = K / attrs.block_size;
-      HINA_RETURN_IF_ERROR(expect(sc, {s.experts, N, *nb}, e + ", N=" + std::to_string(N) + ", K/block_size"));
+      *nb = (K + attrs.block_size - 1) / attrs.block_size;
+      HINA_RETURN_IF_ERROR(expect(sc, {s.experts, N, *nb}, e + ", N=" + std::to_string(N) + ", ceil(K/block_size)"));
     } else {
       *nb = 1;
       if (!(ss == std::vector<int64_t>{s.experts, N} || ss == std::vector<int64_t>{s.experts, N, 1}))

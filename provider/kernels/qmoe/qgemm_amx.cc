@@ -37,8 +37,9 @@ void qgemm_i8_amx_t(const QWeight& w, int64_t n0, int64_t n1, const QTokens& x, 
   aw.scales = scales.data();
   at.q = vnni.data();
   // Row-wise zero points are packed by row, not by block: the ref kernel
-  // takes those, and anything else the AMX kernel does not (block size).
-  if ((w.nb == 1 && w.zero_points) || !amx_i8_unsupported_reason(aw, at).empty())
+  // takes those, a partial last block (block not dividing K), and anything
+  // else the AMX kernel does not (block size).
+  if ((w.nb == 1 && w.zero_points) || w.K % w.block != 0 || !amx_i8_unsupported_reason(aw, at).empty())
     return quant_ref().gemm_i8[w.bits == 8](w, n0, n1, x, M, Y, ldy);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < w.nb; ++b) scales[size_t(r * w.nb + b)] = w.scale(n0 + r, b);

@@ -66,7 +66,7 @@ HQ_INLINE __m256i codes8(const uint8_t* row, int64_t k) {
 // tokens; no cancellation, no per-block epilogue.
 template <int BITS, int R, int T, DType SDT, bool ZP>
 HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
-  const int64_t rb = w.row_bytes(), bs = w.block, kv = bs / 8 * 8;
+  const int64_t rb = w.row_bytes(), bs = w.block;
   const uint8_t* row[R];
   for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
   __m256 tot[R][T];
@@ -77,7 +77,7 @@ HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, flo
       extra[r][t] = 0.0f;
     }
   for (int64_t b = 0; b < w.nb; ++b) {
-    const int64_t k0 = b * bs;
+    const int64_t k0 = b * bs, len = w.block_end(b) - k0, kv = len / 8 * 8;  // len < bs: the partial last block
     __m256 sv[R], zv[R];
     for (int r = 0; r < R; ++r) {
       const float s = scale_at<SDT>(w, n + r, b);
@@ -95,11 +95,11 @@ HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, flo
         for (int t = 0; t < T; ++t) tot[r][t] = _mm256_fmadd_ps(wf, xv[t], tot[r][t]);
       }
     }
-    if (kv != bs)  // row-wise K not a multiple of 8
+    if (kv != len)  // a block (row-wise: K) not a multiple of 8
       for (int r = 0; r < R; ++r) {
         const float s = scale_at<SDT>(w, n + r, b), zp = float(zero_at<BITS, ZP>(w, n + r, b));
         for (int t = 0; t < T; ++t)
-          for (int64_t k = k0 + kv; k < k0 + bs; ++k) extra[r][t] += (float(w.code(n + r, k)) - zp) * s * X[t * ldx + k];
+          for (int64_t k = k0 + kv; k < k0 + len; ++k) extra[r][t] += (float(w.code(n + r, k)) - zp) * s * X[t * ldx + k];
       }
   }
   for (int r = 0; r < R; ++r)
@@ -158,12 +158,12 @@ HQ_FN void micro_i8(const QWeight& w, int64_t n, const QTokens& x, float* Y, int
       extra[r][t] = 0.0f;
     }
   for (int64_t b = 0; b < w.nb; ++b) {
-    const int64_t k0 = b * bs;
+    const int64_t k0 = b * bs, kend = w.block_end(b);  // kend < k0 + bs: the partial last block
     __m256i acc[R][T];
     for (int r = 0; r < R; ++r)
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_si256();
     int64_t k = k0;
-    for (; k + 32 <= k0 + bs; k += 32) {
+    for (; k + 32 <= kend; k += 32) {
       if (((k * BITS / 8) & 63) == 0)
         for (int r = 0; r < R; ++r)
           _mm_prefetch(reinterpret_cast<const char*>(row[r] + k * BITS / 8 + kPrefetchBytes), _MM_HINT_T0);
@@ -175,7 +175,7 @@ HQ_FN void micro_i8(const QWeight& w, int64_t n, const QTokens& x, float* Y, int
         for (int t = 0; t < T; ++t) acc[r][t] = dot_acc<BITS>(acc[r][t], u, sgn, xv[t]);
       }
     }
-    if (k < k0 + bs) {  // a 16-element block
+    if (k + 16 <= kend) {  // a 16-element block or rest of one
       __m256i xv[T];
       for (int t = 0; t < T; ++t)
         xv[t] = _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.q + t * x.ld + k)));
@@ -184,7 +184,15 @@ HQ_FN void micro_i8(const QWeight& w, int64_t n, const QTokens& x, float* Y, int
         codes16<BITS>(row[r], k, &u, &sgn);
         for (int t = 0; t < T; ++t) acc[r][t] = dot_acc<BITS>(acc[r][t], u, sgn, xv[t]);
       }
+      k += 16;
     }
+    // Under 16 elements left (partial last block): scalar, tokens in k order.
+    int32_t tail[R][T] = {};
+    for (; k < kend; ++k)
+      for (int r = 0; r < R; ++r) {
+        const int c = w.code(n + r, k) - (BITS == 8 ? 128 : 0);
+        for (int t = 0; t < T; ++t) tail[r][t] += c * int32_t(x.q[t * x.ld + k]);
+      }
     for (int r = 0; r < R; ++r) {
       const float sw = scale_at<SDT>(w, n + r, b);
       // 4-bit: sum q x - zp sum x; 8-bit: sum (q-128) x + (128 - zp) sum x.
@@ -193,7 +201,7 @@ HQ_FN void micro_i8(const QWeight& w, int64_t n, const QTokens& x, float* Y, int
       for (int t = 0; t < T; ++t) {
         const float s = sw * x.scale[t * x.nb + b];
         tot[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][t]), _mm256_set1_ps(s), tot[r][t]);
-        extra[r][t] += s * float(zterm * x.sum[t * x.nb + b]);
+        extra[r][t] += s * float(zterm * x.sum[t * x.nb + b] + tail[r][t]);
       }
     }
   }

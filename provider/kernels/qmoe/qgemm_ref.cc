@@ -21,8 +21,10 @@ void qgemm_ref(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t
   }
 }
 
-// Position of element k in an even_odd token row (16-element groups).
-inline int64_t even_odd_pos(int64_t k) {
+// Position of element k in an even_odd token row (whole 16-element groups;
+// a shorter tail group stays in k order).
+inline int64_t even_odd_pos(int64_t k, int64_t K) {
+  if ((k | 15) >= K) return k;
   const int64_t j = k & 15;
   return (k & ~int64_t(15)) + (j & 1 ? 8 + (j >> 1) : j >> 1);
 }
@@ -33,8 +35,8 @@ void qgemm_i8_ref(const QWeight& w, int64_t n0, int64_t n1, const QTokens& x, in
       float acc = 0.0f;
       for (int64_t b = 0; b < w.nb; ++b) {
         int32_t dot = 0;
-        for (int64_t k = b * w.block; k < (b + 1) * w.block; ++k) {
-          const int64_t pos = x.even_odd && w.bits == 4 ? even_odd_pos(k) : k;
+        for (int64_t k = b * w.block; k < w.block_end(b); ++k) {
+          const int64_t pos = x.even_odd && w.bits == 4 ? even_odd_pos(k, w.K) : k;
           dot += w.code(n, k) * int32_t(x.q[m * x.ld + pos]);
         }
         dot -= w.zero_point(n, b) * x.sum[m * x.nb + b];

@@ -24,13 +24,14 @@ using namespace detail;
 constexpr int64_t kScratchBudgetBytes = int64_t(256) << 20;
 
 // Expert e's weight of [E, rows, cols] with nb scale blocks per row.
+// block: block_size (the last of the nb blocks may be shorter); ignored row-wise.
 QWeight expert_weight(const uint8_t* codes, const void* scales, const uint8_t* zp, DType sdt, int bits,
-                      int64_t rows, int64_t cols, int64_t nb, int64_t e) {
+                      int64_t rows, int64_t cols, int64_t nb, int64_t block, int64_t e) {
   QWeight w;
   w.bits = bits;
   w.K = cols;
   w.nb = nb;
-  w.block = cols / nb;
+  w.block = nb == 1 ? cols : block;
   w.scale_dtype = sdt;
   w.codes = codes + e * rows * w.row_bytes();
   w.scales = static_cast<const char*>(scales) + size_t(e * rows * nb) * dtype_size(sdt);
@@ -43,22 +44,25 @@ QWeight expert_weight(const uint8_t* codes, const void* scales, const uint8_t* z
 }
 
 // Symmetric int8 per block of `block` (max |x| -> 127), codes in even_odd
-// order when asked; rows [p0, p1) of x [*, ldx] into the QTokens buffers.
-void quantize_rows(const float* x, int64_t ldx, int64_t block, bool even_odd, int64_t p0, int64_t p1,
+// order when asked (whole 16-element groups only: a short tail group stays
+// in k order); rows [p0, p1) of x [*, ldx] into the QTokens buffers. The
+// last of the nb blocks ends at K (a partial block when block does not divide K).
+void quantize_rows(const float* x, int64_t ldx, int64_t K, int64_t block, bool even_odd, int64_t p0, int64_t p1,
                    int8_t* q, float* scale, int32_t* sum, int64_t ldq, int64_t nb) {
   for (int64_t p = p0; p < p1; ++p) {
     const float* xr = x + p * ldx;
     for (int64_t b = 0; b < nb; ++b) {
+      const int64_t kb = b * block, ke = std::min(K, kb + block);
       float amax = 0.0f;
-      for (int64_t k = b * block; k < (b + 1) * block; ++k) amax = std::max(amax, std::fabs(xr[k]));
+      for (int64_t k = kb; k < ke; ++k) amax = std::max(amax, std::fabs(xr[k]));
       const float s = amax / 127.0f;
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
       int32_t total = 0;
-      for (int64_t k = b * block; k < (b + 1) * block; ++k) {
+      for (int64_t k = kb; k < ke; ++k) {
         const int v = int(std::nearbyint(xr[k] * inv));
         const int8_t c = int8_t(std::min(127, std::max(-127, v)));
         int64_t pos = k;
-        if (even_odd) {
+        if (even_odd && (k | 15) < K) {
           const int64_t j = k & 15;
           pos = (k & ~int64_t(15)) + (j & 1 ? 8 + (j >> 1) : j >> 1);
         }
@@ -80,10 +84,10 @@ struct Operand {
   std::vector<int32_t> qsum;
   bool int8 = false, even_odd = false;
 
-  void init(int64_t R, int64_t K_, int64_t nb_, bool int8_, bool eo) {
+  void init(int64_t R, int64_t K_, int64_t nb_, int64_t block_size, bool int8_, bool eo) {
     K = K_;
     nb = nb_;
-    block = K / nb;
+    block = nb == 1 ? K : block_size;
     ld = padded_ld(K);
     int8 = int8_;
     even_odd = eo;
@@ -96,7 +100,7 @@ struct Operand {
   }
   // The int8 codes of rows [p0, p1) after x is written.
   void finish(int64_t p0, int64_t p1) {
-    if (int8) quantize_rows(x.data(), ld, block, even_odd, p0, p1, q.data(), qscale.data(), qsum.data(), ld, nb);
+    if (int8) quantize_rows(x.data(), ld, K, block, even_odd, p0, p1, q.data(), qscale.data(), qsum.data(), ld, nb);
   }
   QTokens tokens(int64_t p0) const {
     QTokens t;
@@ -150,8 +154,8 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
   const bool i8_1 = qa.int8_activations && t.fc1_nb > 1 && (!t.fc3_w || t.fc3_nb == t.fc1_nb);
   const bool i8_2 = qa.int8_activations && t.fc2_nb > 1;
   Operand in1, in2;
-  in1.init(R, H, t.fc1_nb, i8_1, i8_1 && qa.bits == 4 && qk.i8_even_odd);
-  in2.init(R, I, t.fc2_nb, i8_2, i8_2 && qa.bits == 4 && qk.i8_even_odd);
+  in1.init(R, H, t.fc1_nb, qa.block_size, i8_1, i8_1 && qa.bits == 4 && qk.i8_even_odd);
+  in2.init(R, I, t.fc2_nb, qa.block_size, i8_2, i8_2 && qa.bits == 4 && qk.i8_even_odd);
   std::vector<float> h1(size_t(R * N1)), y(size_t(R * H));
 
   // Gather each expert's tokens as float rows (+ int8 codes).
@@ -169,9 +173,9 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
     });
   }
 
-  auto w1 = [&](int64_t e) { return expert_weight(t.fc1_w, t.fc1_s, t.fc1_zp, dt, qa.bits, F1, H, t.fc1_nb, e); };
-  auto w3 = [&](int64_t e) { return expert_weight(t.fc3_w, t.fc3_s, t.fc3_zp, dt, qa.bits, I, H, t.fc3_nb, e); };
-  auto w2 = [&](int64_t e) { return expert_weight(t.fc2_w, t.fc2_s, t.fc2_zp, dt, qa.bits, H, I, t.fc2_nb, e); };
+  auto w1 = [&](int64_t e) { return expert_weight(t.fc1_w, t.fc1_s, t.fc1_zp, dt, qa.bits, F1, H, t.fc1_nb, qa.block_size, e); };
+  auto w3 = [&](int64_t e) { return expert_weight(t.fc3_w, t.fc3_s, t.fc3_zp, dt, qa.bits, I, H, t.fc3_nb, qa.block_size, e); };
+  auto w2 = [&](int64_t e) { return expert_weight(t.fc2_w, t.fc2_s, t.fc2_zp, dt, qa.bits, H, I, t.fc2_nb, qa.block_size, e); };
 
   // Phase 1: gate/up GEMMs, biases, activation -> in2.x.
   auto up = [&](const Item& it) {
@@ -290,10 +294,11 @@ std::string validate_qmoe(const MoEShape& s, const QMoEAttrs& a, const QMoETenso
     return "block_size=" + std::to_string(a.block_size) + " is not a power of two >= 16";
   auto check_k = [&](const char* what, int64_t K, int64_t nb) -> std::string {
     if (K * a.bits % 8 != 0) return std::string(what) + ": K=" + std::to_string(K) + " does not fill whole bytes";
-    if (nb < 1 || K % nb != 0)
-      return std::string(what) + ": " + std::to_string(nb) + " scale blocks do not divide K=" + std::to_string(K);
-    if (nb > 1 && (K / nb) % 16 != 0)
-      return std::string(what) + ": block of " + std::to_string(K / nb) + " elements is not a multiple of 16";
+    if (nb < 1) return std::string(what) + ": " + std::to_string(nb) + " scale blocks";
+    // Block-wise: ceil(K / block_size) blocks, the last one may be partial.
+    if (nb > 1 && (a.block_size == 0 || nb != (K + a.block_size - 1) / a.block_size))
+      return std::string(what) + ": " + std::to_string(nb) + " scale blocks do not fit K=" + std::to_string(K) +
+             " with block_size=" + std::to_string(a.block_size) + " (expected ceil(K/block_size))";
     return "";
   };
   for (const std::string& e : {check_k("fc1", s.hidden, t.fc1_nb), check_k("fc2", s.inter, t.fc2_nb),

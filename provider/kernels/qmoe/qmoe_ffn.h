@@ -6,8 +6,9 @@
 //
 // Semantics (ORT's moe_quantization_cpu.cc, which wins over ContribOperators.md):
 //  * w = (q - zp) * scale, zp = 2^(bits-1) (8 / 128) without a zero-point input.
-//  * Scales [E, N] (row-wise) or [E, N, K/block_size]; [E, N, 1] counts as
-//    row-wise, and so do its zero points.
+//  * Scales [E, N] (row-wise) or [E, N, ceil(K/block_size)]: when block_size
+//    does not divide K the last block covers the K % block_size remaining
+//    elements. [E, N, 1] counts as row-wise, and so do its zero points.
 //  * Zero points: row-wise [E, ceil(N/pack)] (row n in byte n/pack at bit
 //    (n%pack)*bits), block-wise [E, N, ceil(blocks/pack)] (block b of row n in
 //    byte n*ceil(blocks/pack) + b/pack at bit (b%pack)*bits); pack = 8/bits.
@@ -39,7 +40,9 @@ struct QWeight {
   int bits = 4;
   int64_t K = 0;
   int64_t block = 0;  // elements per scale along K (K when row-wise)
-  int64_t nb = 1;     // blocks per row
+  int64_t nb = 1;     // blocks per row: ceil(K / block), the last may be partial
+
+  int64_t block_end(int64_t b) const { return b + 1 < nb ? (b + 1) * block : K; }
 
   int64_t row_bytes() const { return K * bits / 8; }
   float scale(int64_t n, int64_t b) const { return load_as_f32(scales, n * nb + b, scale_dtype); }
@@ -58,8 +61,10 @@ struct QWeight {
 
 // Tokens quantised to int8 per block of `block` elements (accuracy_level 4):
 // x[m, k] ~ q[m*ld + k] * scale[m*nb + k/block]; sum[m*nb + b] = sum of the
-// block's codes. 4-bit kernels read the codes of each 16-element group in
-// the order [0,2,..,14, 1,3,..,15] (even_odd), matching the nibbles' order.
+// block's codes (the last block ends at K). 4-bit kernels read the codes of
+// each whole 16-element group in the order [0,2,..,14, 1,3,..,15]
+// (even_odd), matching the nibbles' order; a tail group of fewer than 16
+// elements stays in k order.
 struct QTokens {
   const int8_t* q = nullptr;
   const float* scale = nullptr;

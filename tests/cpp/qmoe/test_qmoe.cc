@@ -18,7 +18,7 @@ namespace {
 // A random quantised weight [N, K] with its values kept for the reference.
 struct QW {
   int bits = 4;
-  int64_t N = 0, K = 0, nb = 1;
+  int64_t N = 0, K = 0, nb = 1, block = 0;  // nb = ceil(K / block): the last block may be partial
   std::vector<uint8_t> codes, zp;
   ht::Buf scales;
   std::vector<int> q, z;  // unpacked codes [N, K], zero points [N, nb] (-1 = default)
@@ -33,11 +33,11 @@ struct QW {
     w.bits = bits;
     w.K = K;
     w.nb = nb;
-    w.block = K / nb;
+    w.block = nb == 1 ? K : block;
     return w;
   }
   double deq(int64_t n, int64_t k) const {
-    const int64_t b = k / (K / nb);
+    const int64_t b = nb == 1 ? 0 : k / block;
     const int zpv = has_zp ? z[size_t(n * nb + b)] : 1 << (bits - 1);
     return double(q[size_t(n * K + k)] - zpv) * scales.val[size_t(n * nb + b)];
   }
@@ -49,7 +49,8 @@ QW make_qw(int bits, int64_t N, int64_t K, int64_t block, bool has_zp, int sdt) 
   w.bits = bits;
   w.N = N;
   w.K = K;
-  w.nb = block ? K / block : 1;
+  w.nb = block ? (K + block - 1) / block : 1;
+  w.block = block;
   w.has_zp = has_zp;
   const int qmax = (1 << bits) - 1;
   w.q.resize(size_t(N * K));
@@ -95,7 +96,9 @@ TEST(qmoe_gemm_float_matches_float64) {
         for (bool zp : {false, true}) {
           const int sdt = int(ht::randint(0, 2));
           const int64_t N = ht::randint(1, 13);
-          const int64_t K = block ? block * ht::randint(1, 4) : 2 * ht::randint(1, 150);
+          // Block-wise K: whole blocks or a partial last one of any even length.
+          const int64_t K = block ? block * ht::randint(1, 4) - 2 * ht::randint(0, block / 2 - 1)
+                                  : 2 * ht::randint(1, 150);
           const int64_t M = ht::randint(1, 7);
           const QW w = make_qw(bits, N, K, block, zp, sdt);
           const int64_t ldx = K + ht::randint(0, 5);
@@ -127,7 +130,10 @@ TEST(qmoe_gemm_int8_tokens_exact_integer_math) {
     for (int bits : {4, 8})
       for (int64_t block : {16, 32, 64, 128})
         for (bool zp : {false, true}) {
-          const int64_t N = ht::randint(1, 11), K = block * ht::randint(1, 4), M = ht::randint(1, 7);
+          // K = whole blocks, or a partial last block of 2..block-2 elements
+          // (the avx2 kernel's 32/16-element steps, then its scalar tail).
+          const int64_t N = ht::randint(1, 11), M = ht::randint(1, 7);
+          const int64_t K = block * ht::randint(2, 4) - 2 * ht::randint(0, block / 2 - 1);
           const QW w = make_qw(bits, N, K, block, zp, int(ht::randint(0, 2)));
           const int64_t nb = w.nb, ld = K + 16 * ht::randint(0, 2);
           std::vector<int8_t> xq(size_t(M * ld), 0), stored(size_t(M * ld), 0);
@@ -139,7 +145,7 @@ TEST(qmoe_gemm_int8_tokens_exact_integer_math) {
               xq[size_t(m * ld + k)] = c;
               xsum[size_t(m * nb + k / block)] += c;
               int64_t pos = k;
-              if (qk->i8_even_odd && bits == 4) {
+              if (qk->i8_even_odd && bits == 4 && (k | 15) < K) {  // whole 16-groups only
                 const int64_t j = k & 15;
                 pos = (k & ~int64_t(15)) + (j & 1 ? 8 + (j >> 1) : j >> 1);
               }
@@ -292,8 +298,9 @@ TEST(qmoe_ffn_matches_float64_reference) {
           for (bool i8 : {false, true}) {
             MoEShape s;
             s.tokens = ht::randint(0, 9);
-            s.hidden = 64;
-            s.inter = 32;
+            // 48 / 80 at block 32: partial last blocks in fc1 and fc2.
+            s.hidden = ht::randint(0, 1) ? 64 : 48;
+            s.inter = ht::randint(0, 1) ? 32 : 80;
             s.experts = ht::randint(2, 6);
             QMoEAttrs a;
             a.bits = bits;
@@ -375,7 +382,12 @@ TEST(qmoe_validate_rejects_bad_parameters) {
   CHECK(validate_qmoe(s, a, t).find("power of two") != std::string::npos);
   a.block_size = 32;
   t.fc1_nb = 3;
-  CHECK(validate_qmoe(s, a, t).find("do not divide") != std::string::npos);
+  CHECK(validate_qmoe(s, a, t).find("do not fit") != std::string::npos);
+  s.hidden = 80;  // ceil(80 / 32) = 3 blocks, the last of 16
+  CHECK(validate_qmoe(s, a, t).empty());
+  t.fc1_nb = 2;
+  CHECK(validate_qmoe(s, a, t).find("ceil(K/block_size)") != std::string::npos);
+  s.hidden = 64;
   t.fc1_nb = 1;
   a.moe.k = 3;
   CHECK(validate_qmoe(s, a, t).find("exceeds") != std::string::npos);
@@ -384,8 +396,9 @@ TEST(qmoe_validate_rejects_bad_parameters) {
 TEST(qmoe_tiers_map_to_quantised_kernels) {
   CHECK(std::string(quant_kernels_for(ref_tier()).name) == "ref");
   const std::string want = tier_unavailable_reason("avx2").empty() ? "avx2" : "ref";
-  CHECK(std::string(quant_kernels_for(amx_emu_tier()).name) == want);
+  CHECK(std::string(quant_kernels_for(amx_emu_tier()).name) == "amx-emu");  // AMX-INT8 emulator for int8 tokens
   if (want == "avx2") CHECK(std::string(quant_kernels_for(avx2_tier()).name) == "avx2");
+  CHECK(quant_kernels_for(amx_emu_tier()).gemm[0] == quant_kernels_for(avx2_tier()).gemm[0]);  // float path
   for (const QuantKernels* qk : {&quant_ref(), &quant_kernels_for(amx_emu_tier())})
     for (int b = 0; b < 2; ++b) CHECK(qk->gemm[b] != nullptr && qk->gemm_i8[b] != nullptr);
 }
