@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "../activation.h"
@@ -54,12 +55,18 @@ void quantize_rows(const float* x, int64_t ldx, int64_t K, int64_t block, bool e
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t kb = b * block, ke = std::min(K, kb + block);
       float amax = 0.0f;
-      for (int64_t k = kb; k < ke; ++k) amax = std::max(amax, std::fabs(xr[k]));
-      const float s = amax / 127.0f;
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      bool finite = true;
+      for (int64_t k = kb; k < ke; ++k) {
+        amax = std::max(amax, std::fabs(xr[k]));
+        finite &= std::isfinite(xr[k]);
+      }
+      // A NaN/Inf token block gets codes 0 and scale NaN, so its outputs are
+      // NaN (as the float path gives), not a finite value from dropped codes.
+      const float s = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+      const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
       int32_t total = 0;
       for (int64_t k = kb; k < ke; ++k) {
-        const int v = int(std::nearbyint(xr[k] * inv));
+        const int v = finite ? int(std::nearbyint(xr[k] * inv)) : 0;
         const int8_t c = int8_t(std::min(127, std::max(-127, v)));
         int64_t pos = k;
         if (even_odd && (k | 15) < K) {
