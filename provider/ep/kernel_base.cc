@@ -51,4 +51,12 @@ hinamoe::Parallel ort_parallel(const Ort::KernelContext& ctx) {
   return par;
 }
 
+std::string k_exceeds_static_experts(const Ort::ConstKernelInfo& ki, int64_t k) {
+  if (ki.GetInputCount() < 2) return "";
+  const std::vector<int64_t> router = ki.GetInputTypeInfo(1).GetTensorTypeAndShapeInfo().GetShape();
+  if (router.size() == 2 && router[1] > 0 && k > router[1])
+    return "attribute k=" + std::to_string(k) + " exceeds the number of experts (" + std::to_string(router[1]) + ")";
+  return "";
+}
+
 }  // namespace hinamoe_ep

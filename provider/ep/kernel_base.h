@@ -20,6 +20,10 @@ std::string shape_str(const std::vector<int64_t>& s);
 // not in ORT's static batches.
 hinamoe::Parallel ort_parallel(const Ort::KernelContext& ctx);
 
+// MoE / QMoE: "" unless the router input's expert dimension is static and
+// smaller than k (then the reason), so k > E is reported at session creation.
+std::string k_exceeds_static_experts(const Ort::ConstKernelInfo& ki, int64_t k);
+
 // Derived supplies `OrtStatus* compute(OrtKernelContext*) const`; `op` is
 // the op type used in messages.
 template <class Derived>

@@ -137,13 +137,8 @@ OrtStatus* ORT_API_CALL create_moe_kernel(void*, const OrtKernelInfo* info, OrtK
   if (read_moe_attrs(kernel_info_attrs(info), &kernel->attrs, &why) != AttrVerdict::Ok) return kernel->error("", why);
 
   // E is usually static in the graph: report k > E when the session is created.
-  if (ki.GetInputCount() > 1) {
-    const std::vector<int64_t> router = ki.GetInputTypeInfo(1).GetTensorTypeAndShapeInfo().GetShape();
-    if (router.size() == 2 && router[1] > 0 && kernel->attrs.k > router[1]) {
-      return kernel->error("", "attribute k=" + std::to_string(kernel->attrs.k) +
-                                   " exceeds the number of experts (" + std::to_string(router[1]) + ")");
-    }
-  }
+  why = k_exceeds_static_experts(ki, kernel->attrs.k);
+  if (!why.empty()) return kernel->error("", why);
 
   const HinaEp::Options& options = static_cast<const HinaEp*>(ep)->options();
   kernel->tier = options.tier;

@@ -172,12 +172,8 @@ OrtStatus* ORT_API_CALL create_qmoe_kernel(void*, const OrtKernelInfo* info, Ort
   std::string why = static_cast<const HinaEp*>(ep)->strict_refusal(kernel->node_name);
   if (!why.empty()) return kernel->error("", why);
   if (read_qmoe_attrs(kernel_info_attrs(info), &kernel->attrs, &why) != AttrVerdict::Ok) return kernel->error("", why);
-  if (ki.GetInputCount() > 1) {
-    const std::vector<int64_t> router = ki.GetInputTypeInfo(1).GetTensorTypeAndShapeInfo().GetShape();
-    if (router.size() == 2 && router[1] > 0 && kernel->attrs.moe.k > router[1])
-      return kernel->error("", "attribute k=" + std::to_string(kernel->attrs.moe.k) +
-                                   " exceeds the number of experts (" + std::to_string(router[1]) + ")");
-  }
+  why = k_exceeds_static_experts(ki, kernel->attrs.moe.k);
+  if (!why.empty()) return kernel->error("", why);
   const HinaEp::Options& options = static_cast<const HinaEp*>(ep)->options();
   kernel->tier = options.tier;
   if (options.qmoe_int8_activations >= 0) kernel->attrs.int8_activations = options.qmoe_int8_activations == 1;
