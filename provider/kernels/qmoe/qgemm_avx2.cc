@@ -209,47 +209,129 @@ HQ_FN void micro_i8(const QWeight& w, int64_t n, const QTokens& x, float* Y, int
     for (int t = 0; t < T; ++t) Y[t * ldy + r] = hsum(tot[r][t]) + extra[r][t];
 }
 
-// Token tiles of up to 3, row tiles as wide as the registers allow.
+// 4-bit rows on tokens in even_odd order (QuantKernels::f_even_odd): 16
+// codes are 8 bytes zero-extended to 8 int32 in one load; the low nibbles
+// (even elements) are one AND away, the high ones (odd elements) one shift,
+// so a code costs a quarter of the old broadcast/shift/AND, and both halves
+// meet 8 contiguous tokens. The weights are the same q * s + (-zp * s) as
+// micro_f's; groups past the last whole 16 (tokens in k order) go through
+// micro_f's 8-wide step and a scalar tail.
+template <int R, int T, DType SDT, bool ZP>
+HQ_FN void micro_f4(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
+  const int64_t rb = w.row_bytes(), bs = w.block;
+  const uint8_t* row[R];
+  for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
+  __m256 tot[R][T];
+  float extra[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      tot[r][t] = _mm256_setzero_ps();
+      extra[r][t] = 0.0f;
+    }
+  const __m256i low4 = _mm256_set1_epi32(0xF);
+  for (int64_t b = 0; b < w.nb; ++b) {
+    const int64_t k0 = b * bs, kend = w.block_end(b);
+    __m256 sv[R], zv[R];
+    for (int r = 0; r < R; ++r) {
+      const float s = scale_at<SDT>(w, n + r, b);
+      sv[r] = _mm256_set1_ps(s);
+      zv[r] = _mm256_set1_ps(-float(zero_at<4, ZP>(w, n + r, b)) * s);
+    }
+    int64_t k = k0;
+    for (; k + 16 <= kend; k += 16) {
+      if ((k & 127) == 0)
+        for (int r = 0; r < R; ++r)
+          _mm_prefetch(reinterpret_cast<const char*>(row[r] + k / 2 + kPrefetchBytes), _MM_HINT_T0);
+      __m256 xe[T], xo[T];
+      for (int t = 0; t < T; ++t) {
+        xe[t] = _mm256_loadu_ps(X + t * ldx + k);
+        xo[t] = _mm256_loadu_ps(X + t * ldx + k + 8);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row[r] + k / 2)));
+        const __m256 we = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(d, low4)), sv[r], zv[r]);
+        const __m256 wo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(d, 4)), sv[r], zv[r]);
+        for (int t = 0; t < T; ++t) tot[r][t] = _mm256_fmadd_ps(wo, xo[t], _mm256_fmadd_ps(we, xe[t], tot[r][t]));
+      }
+    }
+    for (; k + 8 <= kend; k += 8) {  // the tail group (k order)
+      __m256 xv[T];
+      for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(X + t * ldx + k);
+      for (int r = 0; r < R; ++r) {
+        const __m256 wf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(codes8<4>(row[r], k)), sv[r], zv[r]);
+        for (int t = 0; t < T; ++t) tot[r][t] = _mm256_fmadd_ps(wf, xv[t], tot[r][t]);
+      }
+    }
+    if (k < kend)
+      for (int r = 0; r < R; ++r) {
+        const float s = scale_at<SDT>(w, n + r, b), zp = float(zero_at<4, ZP>(w, n + r, b));
+        for (int t = 0; t < T; ++t)
+          for (int64_t j = k; j < kend; ++j) extra[r][t] += (float(w.code(n + r, j)) - zp) * s * X[t * ldx + j];
+      }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) Y[t * ldy + r] = hsum(tot[r][t]) + extra[r][t];
+}
+
+// The float micro-kernel of a width: 4-bit on even_odd tokens, 8-bit in k order.
+template <int BITS, int R, int T, DType SDT, bool ZP>
+inline void micro_float(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
+  if constexpr (BITS == 4) micro_f4<R, T, SDT, ZP>(w, n, X, ldx, Y, ldy);
+  else micro_f<BITS, R, T, SDT, ZP>(w, n, X, ldx, Y, ldy);
+}
+
+// Rows in blocks of kRowBlock, and within a block every token tile (up to 3
+// tokens, rows as many as the registers allow: 4, 3 or 2): the block's rows
+// come from memory once and stay in L1 for the later token tiles, instead of
+// streaming the whole row range once per token tile.
+constexpr int64_t kRowBlock = 12;  // a multiple of 4, 3 and 2
+
 template <int BITS, DType SDT, bool ZP>
 void qgemm_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
              int64_t ldy) {
-  for (int64_t m = 0; m < M; m += 3) {
-    const int64_t T = std::min<int64_t>(3, M - m);
-    const float* x = X + m * ldx;
-    float* y = Y + m * ldy;
-    int64_t n = n0;
-    if (T == 1) {
-      for (; n + 4 <= n1; n += 4) micro_f<BITS, 4, 1, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
-      for (; n < n1; ++n) micro_f<BITS, 1, 1, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
-    } else if (T == 2) {
-      for (; n + 3 <= n1; n += 3) micro_f<BITS, 3, 2, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
-      for (; n < n1; ++n) micro_f<BITS, 1, 2, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
-    } else {
-      for (; n + 2 <= n1; n += 2) micro_f<BITS, 2, 3, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
-      for (; n < n1; ++n) micro_f<BITS, 1, 3, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
+  for (int64_t r0 = n0; r0 < n1; r0 += kRowBlock) {
+    const int64_t r1 = std::min(n1, r0 + kRowBlock);
+    for (int64_t m = 0; m < M; m += 3) {
+      const int64_t T = std::min<int64_t>(3, M - m);
+      const float* x = X + m * ldx;
+      float* y = Y + m * ldy;
+      int64_t n = r0;
+      if (T == 1) {
+        for (; n + 4 <= r1; n += 4) micro_float<BITS, 4, 1, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
+        for (; n < r1; ++n) micro_float<BITS, 1, 1, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
+      } else if (T == 2) {
+        for (; n + 3 <= r1; n += 3) micro_float<BITS, 3, 2, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
+        for (; n < r1; ++n) micro_float<BITS, 1, 2, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
+      } else {
+        for (; n + 2 <= r1; n += 2) micro_float<BITS, 2, 3, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
+        for (; n < r1; ++n) micro_float<BITS, 1, 3, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
+      }
     }
   }
 }
 
 template <int BITS, DType SDT, bool ZP>
 void qgemm_i8_t(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int64_t M, float* Y, int64_t ldy) {
-  for (int64_t m = 0; m < M; m += 3) {
-    const int64_t T = std::min<int64_t>(3, M - m);
-    QTokens x = X;
-    x.q += m * X.ld;
-    x.scale += m * X.nb;
-    x.sum += m * X.nb;
-    float* y = Y + m * ldy;
-    int64_t n = n0;
-    if (T == 1) {
-      for (; n + 4 <= n1; n += 4) micro_i8<BITS, 4, 1, SDT, ZP>(w, n, x, y + (n - n0), ldy);
-      for (; n < n1; ++n) micro_i8<BITS, 1, 1, SDT, ZP>(w, n, x, y + (n - n0), ldy);
-    } else if (T == 2) {
-      for (; n + 3 <= n1; n += 3) micro_i8<BITS, 3, 2, SDT, ZP>(w, n, x, y + (n - n0), ldy);
-      for (; n < n1; ++n) micro_i8<BITS, 1, 2, SDT, ZP>(w, n, x, y + (n - n0), ldy);
-    } else {
-      for (; n + 2 <= n1; n += 2) micro_i8<BITS, 2, 3, SDT, ZP>(w, n, x, y + (n - n0), ldy);
-      for (; n < n1; ++n) micro_i8<BITS, 1, 3, SDT, ZP>(w, n, x, y + (n - n0), ldy);
+  for (int64_t r0 = n0; r0 < n1; r0 += kRowBlock) {
+    const int64_t r1 = std::min(n1, r0 + kRowBlock);
+    for (int64_t m = 0; m < M; m += 3) {
+      const int64_t T = std::min<int64_t>(3, M - m);
+      QTokens x = X;
+      x.q += m * X.ld;
+      x.scale += m * X.nb;
+      x.sum += m * X.nb;
+      float* y = Y + m * ldy;
+      int64_t n = r0;
+      if (T == 1) {
+        for (; n + 4 <= r1; n += 4) micro_i8<BITS, 4, 1, SDT, ZP>(w, n, x, y + (n - n0), ldy);
+        for (; n < r1; ++n) micro_i8<BITS, 1, 1, SDT, ZP>(w, n, x, y + (n - n0), ldy);
+      } else if (T == 2) {
+        for (; n + 3 <= r1; n += 3) micro_i8<BITS, 3, 2, SDT, ZP>(w, n, x, y + (n - n0), ldy);
+        for (; n < r1; ++n) micro_i8<BITS, 1, 2, SDT, ZP>(w, n, x, y + (n - n0), ldy);
+      } else {
+        for (; n + 2 <= r1; n += 2) micro_i8<BITS, 2, 3, SDT, ZP>(w, n, x, y + (n - n0), ldy);
+        for (; n < r1; ++n) micro_i8<BITS, 1, 3, SDT, ZP>(w, n, x, y + (n - n0), ldy);
+      }
     }
   }
 }
@@ -299,6 +381,7 @@ const QuantKernels& quant_avx2() {
     t.gemm_i8[0] = qgemm_i8_avx2<4>;
     t.gemm_i8[1] = qgemm_i8_avx2<8>;
     t.i8_even_odd = true;
+    t.f_even_odd = true;
     return t;
   }();
   return q;

@@ -21,14 +21,6 @@ void qgemm_ref(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t
   }
 }
 
-// Position of element k in an even_odd token row (whole 16-element groups;
-// a shorter tail group stays in k order).
-inline int64_t even_odd_pos(int64_t k, int64_t K) {
-  if ((k | 15) >= K) return k;
-  const int64_t j = k & 15;
-  return (k & ~int64_t(15)) + (j & 1 ? 8 + (j >> 1) : j >> 1);
-}
-
 void qgemm_i8_ref(const QWeight& w, int64_t n0, int64_t n1, const QTokens& x, int64_t M, float* Y, int64_t ldy) {
   for (int64_t n = n0; n < n1; ++n) {
     for (int64_t m = 0; m < M; ++m) {

@@ -68,12 +68,7 @@ void quantize_rows(const float* x, int64_t ldx, int64_t K, int64_t block, bool e
       for (int64_t k = kb; k < ke; ++k) {
         const int v = finite ? int(std::nearbyint(xr[k] * inv)) : 0;
         const int8_t c = int8_t(std::min(127, std::max(-127, v)));
-        int64_t pos = k;
-        if (even_odd && (k | 15) < K) {
-          const int64_t j = k & 15;
-          pos = (k & ~int64_t(15)) + (j & 1 ? 8 + (j >> 1) : j >> 1);
-        }
-        q[p * ldq + pos] = c;
+        q[p * ldq + (even_odd ? even_odd_pos(k, K) : k)] = c;
         total += c;
       }
       scale[p * nb + b] = s;
@@ -89,15 +84,17 @@ struct Operand {
   std::vector<int8_t> q;   // [R, ld] int8 codes (int8 kernels)
   std::vector<float> qscale;
   std::vector<int32_t> qsum;
-  bool int8 = false, even_odd = false;
+  bool int8 = false, even_odd = false;  // even_odd: of the int8 codes
+  bool x_even_odd = false;                // the float rows in even_odd order (float 4-bit kernels)
 
-  void init(int64_t R, int64_t K_, int64_t nb_, int64_t block_size, bool int8_, bool eo) {
+  void init(int64_t R, int64_t K_, int64_t nb_, int64_t block_size, bool int8_, bool eo, bool x_eo) {
     K = K_;
     nb = nb_;
     block = nb == 1 ? K : block_size;
     ld = padded_ld(K);
     int8 = int8_;
-    even_odd = eo;
+    even_odd = eo && int8;
+    x_even_odd = x_eo && !int8;  // int8 operands quantise x in k order
     x.assign(size_t(R * ld), 0.0f);
     if (int8) {
       q.assign(size_t(R * ld), 0);
@@ -105,6 +102,8 @@ struct Operand {
       qsum.assign(size_t(R * nb), 0);
     }
   }
+  // Where element k of a float row goes.
+  int64_t pos(int64_t k) const { return x_even_odd ? even_odd_pos(k, K) : k; }
   // The int8 codes of rows [p0, p1) after x is written.
   void finish(int64_t p0, int64_t p1) {
     if (int8) quantize_rows(x.data(), ld, K, block, even_odd, p0, p1, q.data(), qscale.data(), qsum.data(), ld, nb);
@@ -161,8 +160,9 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
   const bool i8_1 = qa.int8_activations && t.fc1_nb > 1 && (!t.fc3_w || t.fc3_nb == t.fc1_nb);
   const bool i8_2 = qa.int8_activations && t.fc2_nb > 1;
   Operand in1, in2;
-  in1.init(R, H, t.fc1_nb, qa.block_size, i8_1, i8_1 && qa.bits == 4 && qk.i8_even_odd);
-  in2.init(R, I, t.fc2_nb, qa.block_size, i8_2, i8_2 && qa.bits == 4 && qk.i8_even_odd);
+  const bool nibbles = qa.bits == 4;
+  in1.init(R, H, t.fc1_nb, qa.block_size, i8_1, nibbles && qk.i8_even_odd, nibbles && qk.f_even_odd);
+  in2.init(R, I, t.fc2_nb, qa.block_size, i8_2, nibbles && qk.i8_even_odd, nibbles && qk.f_even_odd);
   std::vector<float> h1(size_t(R * N1)), y(size_t(R * H));
 
   // Gather each expert's tokens as float rows (+ int8 codes).
@@ -174,7 +174,11 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
       for (int64_t p = q0; p < q1; ++p) {
         float* dst = &in1.x[size_t(p * in1.ld)];
         const int64_t tok = routes.token[size_t(p)];
-        for (int64_t h = 0; h < H; ++h) dst[h] = load_as_f32(in, tok * H + h, dt);
+        if (in1.x_even_odd) {
+          for (int64_t h = 0; h < H; ++h) dst[in1.pos(h)] = load_as_f32(in, tok * H + h, dt);
+        } else {
+          for (int64_t h = 0; h < H; ++h) dst[h] = load_as_f32(in, tok * H + h, dt);
+        }
       }
       in1.finish(q0, q1);
     });
@@ -207,7 +211,7 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
       if (!gated) {
         for (int64_t j = j0; j < j1; ++j) {
           const float b = t.fc1_b ? load_as_f32(t.fc1_b, e * F1 + j, dt) : 0.0f;
-          av[j] = activate(at.activation, yv[j] + b);
+          av[in2.pos(j)] = activate(at.activation, yv[j] + b);
         }
         continue;
       }
@@ -221,7 +225,7 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
         } else if (t.fc1_b) {
           u += load_as_f32(t.fc1_b, e * F1 + ui, dt);
         }
-        av[j] = activate_gated(at, g, u);
+        av[in2.pos(j)] = activate_gated(at, g, u);
       }
     }
   };

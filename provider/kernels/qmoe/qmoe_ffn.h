@@ -74,7 +74,8 @@ struct QTokens {
 };
 
 // Y[m*ldy + (n - n0)] = sum_k w[n, k] * X[m*ldx + k] for n in [n0, n1),
-// m < M, w dequantised as above (float arithmetic).
+// m < M, w dequantised as above (float arithmetic); 4-bit tokens in
+// even_odd order where the tier's f_even_odd says so.
 using QGemmFn = void (*)(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M,
                          float* Y, int64_t ldy);
 // The same on int8 tokens (block = w.block, block-wise weights only).
@@ -88,7 +89,16 @@ struct QuantKernels {
   QGemmFn gemm[2] = {};
   QGemmI8Fn gemm_i8[2] = {};
   bool i8_even_odd = false;  // wants QTokens::even_odd for 4-bit
+  bool f_even_odd = false;   // the float path wants 4-bit tokens in even_odd order
 };
+
+// Where element k of a K-element token row sits in even_odd order: whole
+// 16-element groups as [0,2,..,14, 1,3,..,15], a shorter tail group in k order.
+inline int64_t even_odd_pos(int64_t k, int64_t K) {
+  if ((k | 15) >= K) return k;
+  const int64_t j = k & 15;
+  return (k & ~int64_t(15)) + (j & 1 ? 8 + (j >> 1) : j >> 1);
+}
 const QuantKernels& quant_ref();
 const QuantKernels& quant_avx2();  // only where tier_unavailable_reason("avx2") is ""
 // AMX-INT8 for the int8-token path (qgemm_amx.cc; the float path is avx2's):

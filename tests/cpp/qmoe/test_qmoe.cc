@@ -107,7 +107,12 @@ TEST(qmoe_gemm_float_matches_float64) {
           const int64_t n0 = ht::randint(0, N - 1), n1 = ht::randint(n0 + 1, N);
           const int64_t ldy = (n1 - n0) + ht::randint(0, 3);
           std::vector<float> Y(size_t(M * ldy), std::nanf(""));
-          qk->gemm[bits == 8](w.view(), n0, n1, X.data(), ldx, M, Y.data(), ldy);
+          // The kernel's token order (even_odd for 4-bit where it asks).
+          std::vector<float> Xk(X.size(), std::nanf(""));
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t k = 0; k < K; ++k)
+              Xk[size_t(m * ldx + (qk->f_even_odd && bits == 4 ? even_odd_pos(k, K) : k))] = X[size_t(m * ldx + k)];
+          qk->gemm[bits == 8](w.view(), n0, n1, Xk.data(), ldx, M, Y.data(), ldy);
           for (int64_t m = 0; m < M; ++m)
             for (int64_t n = n0; n < n1; ++n) {
               double ref = 0, mag = 0;
