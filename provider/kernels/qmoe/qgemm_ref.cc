@@ -28,8 +28,7 @@ void qgemm_i8_ref(const QWeight& w, int64_t n0, int64_t n1, const QTokens& x, in
       for (int64_t b = 0; b < w.nb; ++b) {
         int32_t dot = 0;
         for (int64_t k = b * w.block; k < w.block_end(b); ++k) {
-          const int64_t pos = x.even_odd && w.bits == 4 ? even_odd_pos(k, w.K) : k;
-          dot += w.code(n, k) * int32_t(x.q[m * x.ld + pos]);
+          dot += w.code(n, k) * int32_t(x.q[m * x.ld + token_pos(x.order, k, w.K)]);
         }
         dot -= w.zero_point(n, b) * x.sum[m * x.nb + b];
         acc += w.scale(n, b) * x.scale[m * x.nb + b] * float(dot);

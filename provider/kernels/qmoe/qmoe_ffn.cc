@@ -44,11 +44,10 @@ QWeight expert_weight(const uint8_t* codes, const void* scales, const uint8_t* z
   return w;
 }
 
-// Symmetric int8 per block of `block` (max |x| -> 127), codes in even_odd
-// order when asked (whole 16-element groups only: a short tail group stays
-// in k order); rows [p0, p1) of x [*, ldx] into the QTokens buffers. The
+// Symmetric int8 per block of `block` (max |x| -> 127), codes in the
+// kernel's order (token_pos); rows [p0, p1) of x [*, ldx] into the QTokens buffers. The
 // last of the nb blocks ends at K (a partial block when block does not divide K).
-void quantize_rows(const float* x, int64_t ldx, int64_t K, int64_t block, bool even_odd, int64_t p0, int64_t p1,
+void quantize_rows(const float* x, int64_t ldx, int64_t K, int64_t block, TokenOrder order, int64_t p0, int64_t p1,
                    int8_t* q, float* scale, int32_t* sum, int64_t ldq, int64_t nb) {
   for (int64_t p = p0; p < p1; ++p) {
     const float* xr = x + p * ldx;
@@ -68,7 +67,7 @@ void quantize_rows(const float* x, int64_t ldx, int64_t K, int64_t block, bool e
       for (int64_t k = kb; k < ke; ++k) {
         const int v = finite ? int(std::nearbyint(xr[k] * inv)) : 0;
         const int8_t c = int8_t(std::min(127, std::max(-127, v)));
-        q[p * ldq + (even_odd ? even_odd_pos(k, K) : k)] = c;
+        q[p * ldq + token_pos(order, k, K)] = c;
         total += c;
       }
       scale[p * nb + b] = s;
@@ -84,16 +83,17 @@ struct Operand {
   std::vector<int8_t> q;   // [R, ld] int8 codes (int8 kernels)
   std::vector<float> qscale;
   std::vector<int32_t> qsum;
-  bool int8 = false, even_odd = false;  // even_odd: of the int8 codes
-  bool x_even_odd = false;                // the float rows in even_odd order (float 4-bit kernels)
+  bool int8 = false;
+  TokenOrder order = TokenOrder::KOrder;  // of the int8 codes
+  bool x_even_odd = false;                // the float rows in EvenOdd order (float 4-bit kernels)
 
-  void init(int64_t R, int64_t K_, int64_t nb_, int64_t block_size, bool int8_, bool eo, bool x_eo) {
+  void init(int64_t R, int64_t K_, int64_t nb_, int64_t block_size, bool int8_, TokenOrder o, bool x_eo) {
     K = K_;
     nb = nb_;
     block = nb == 1 ? K : block_size;
     ld = padded_ld(K);
     int8 = int8_;
-    even_odd = eo && int8;
+    order = int8 ? o : TokenOrder::KOrder;
     x_even_odd = x_eo && !int8;  // int8 operands quantise x in k order
     x.assign(size_t(R * ld), 0.0f);
     if (int8) {
@@ -103,10 +103,10 @@ struct Operand {
     }
   }
   // Where element k of a float row goes.
-  int64_t pos(int64_t k) const { return x_even_odd ? even_odd_pos(k, K) : k; }
+  int64_t pos(int64_t k) const { return x_even_odd ? token_pos(TokenOrder::EvenOdd, k, K) : k; }
   // The int8 codes of rows [p0, p1) after x is written.
   void finish(int64_t p0, int64_t p1) {
-    if (int8) quantize_rows(x.data(), ld, K, block, even_odd, p0, p1, q.data(), qscale.data(), qsum.data(), ld, nb);
+    if (int8) quantize_rows(x.data(), ld, K, block, order, p0, p1, q.data(), qscale.data(), qsum.data(), ld, nb);
   }
   QTokens tokens(int64_t p0) const {
     QTokens t;
@@ -116,7 +116,7 @@ struct Operand {
     t.ld = ld;
     t.nb = nb;
     t.block = block;
-    t.even_odd = even_odd;
+    t.order = order;
     return t;
   }
 };
@@ -161,8 +161,11 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
   const bool i8_2 = qa.int8_activations && t.fc2_nb > 1;
   Operand in1, in2;
   const bool nibbles = qa.bits == 4;
-  in1.init(R, H, t.fc1_nb, qa.block_size, i8_1, nibbles && qk.i8_even_odd, nibbles && qk.f_even_odd);
-  in2.init(R, I, t.fc2_nb, qa.block_size, i8_2, nibbles && qk.i8_even_odd, nibbles && qk.f_even_odd);
+  // fc1 and fc3 share the operand: Pair32 only when both take it.
+  const bool zp1 = t.fc1_zp != nullptr || (t.fc3_w != nullptr && t.fc3_zp != nullptr);
+  in1.init(R, H, t.fc1_nb, qa.block_size, i8_1, qk.i8_order(qa.bits, qa.block_size, H, zp1), nibbles && qk.f_even_odd);
+  in2.init(R, I, t.fc2_nb, qa.block_size, i8_2, qk.i8_order(qa.bits, qa.block_size, I, t.fc2_zp != nullptr),
+           nibbles && qk.f_even_odd);
   std::vector<float> h1(size_t(R * N1)), y(size_t(R * H));
 
   // Gather each expert's tokens as float rows (+ int8 codes).
@@ -281,10 +284,11 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
 const QuantKernels& quant_kernels_for(const KernelTier& tier) {
   if (std::strcmp(tier.name, "ref") == 0) return quant_ref();
   // amx / amx-emu: int8 tokens on AMX-INT8 tiles (real or emulated), the
-  // float path on avx2; avx2: the avx2 kernels where this CPU runs them.
+  // float path on avx2; avx2: the avx2 kernels where this CPU runs them,
+  // their int8-token path on AVX-VNNI where it has that.
   if (std::strcmp(tier.name, "amx") == 0 && amx_int8_unavailable_reason().empty()) return quant_amx();
   if (std::strcmp(tier.name, "amx-emu") == 0) return quant_amx_emu();
-  if (tier_unavailable_reason("avx2").empty()) return quant_avx2();
+  if (tier_unavailable_reason("avx2").empty()) return avx_vnni_unavailable_reason().empty() ? quant_avx2_vnni() : quant_avx2();
   return quant_ref();
 }
 

@@ -59,23 +59,43 @@ struct QWeight {
   }
 };
 
+// Where the elements of a token row sit, as a kernel reads them.
+//  KOrder:  k.
+//  EvenOdd: whole 16-element groups as [0,2,..,14, 1,3,..,15] (the nibbles'
+//           order: the low nibbles of 8 bytes, then their high ones); a
+//           shorter tail group in k order.
+//  Pair32:  blocks of 32 in pairs (K a multiple of 64): per 64 elements, the
+//           even elements of the first block, the even ones of the second,
+//           then the odd ones of each (16 each), so one 32-byte load of
+//           codes and one of tokens cover two blocks, a block per 128-bit lane.
+enum class TokenOrder : int { KOrder = 0, EvenOdd = 1, Pair32 = 2 };
+
+inline int64_t token_pos(TokenOrder o, int64_t k, int64_t K) {
+  if (o == TokenOrder::EvenOdd && (k | 15) < K) {
+    const int64_t j = k & 15;
+    return (k & ~int64_t(15)) + (j & 1 ? 8 + (j >> 1) : j >> 1);
+  }
+  if (o == TokenOrder::Pair32) {
+    const int64_t j = k & 63, half = j >> 5, i = j & 31;
+    return (k & ~int64_t(63)) + (i & 1) * 32 + half * 16 + (i >> 1);
+  }
+  return k;
+}
+
 // Tokens quantised to int8 per block of `block` elements (accuracy_level 4):
-// x[m, k] ~ q[m*ld + k] * scale[m*nb + k/block]; sum[m*nb + b] = sum of the
-// block's codes (the last block ends at K). 4-bit kernels read the codes of
-// each whole 16-element group in the order [0,2,..,14, 1,3,..,15]
-// (even_odd), matching the nibbles' order; a tail group of fewer than 16
-// elements stays in k order.
+// x[m, k] ~ q[m*ld + token_pos(order, k, K)] * scale[m*nb + k/block];
+// sum[m*nb + b] = sum of the block's codes (the last block ends at K).
 struct QTokens {
   const int8_t* q = nullptr;
   const float* scale = nullptr;
   const int32_t* sum = nullptr;
   int64_t ld = 0, nb = 0, block = 0;
-  bool even_odd = false;
+  TokenOrder order = TokenOrder::KOrder;
 };
 
 // Y[m*ldy + (n - n0)] = sum_k w[n, k] * X[m*ldx + k] for n in [n0, n1),
 // m < M, w dequantised as above (float arithmetic); 4-bit tokens in
-// even_odd order where the tier's f_even_odd says so.
+// EvenOdd order (token_pos) where the tier's f_even_odd says so.
 using QGemmFn = void (*)(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M,
                          float* Y, int64_t ldy);
 // The same on int8 tokens (block = w.block, block-wise weights only).
@@ -88,19 +108,24 @@ struct QuantKernels {
   const char* name = "";
   QGemmFn gemm[2] = {};
   QGemmI8Fn gemm_i8[2] = {};
-  bool i8_even_odd = false;  // wants QTokens::even_odd for 4-bit
-  bool f_even_odd = false;   // the float path wants 4-bit tokens in even_odd order
+  bool i8_even_odd = false;  // 4-bit int8 tokens in EvenOdd order ...
+  bool i8_pair32 = false;    // ... or Pair32 where block 32 divides K in pairs and no zero points
+  bool f_even_odd = false;   // the float path wants 4-bit tokens in EvenOdd order
+
+  // The order of the int8 tokens for a weight of these parameters.
+  TokenOrder i8_order(int bits, int64_t block, int64_t K, bool zero_points) const {
+    if (bits != 4) return TokenOrder::KOrder;
+    if (i8_pair32 && block == 32 && K % 64 == 0 && !zero_points) return TokenOrder::Pair32;
+    return i8_even_odd ? TokenOrder::EvenOdd : TokenOrder::KOrder;
+  }
 };
 
-// Where element k of a K-element token row sits in even_odd order: whole
-// 16-element groups as [0,2,..,14, 1,3,..,15], a shorter tail group in k order.
-inline int64_t even_odd_pos(int64_t k, int64_t K) {
-  if ((k | 15) >= K) return k;
-  const int64_t j = k & 15;
-  return (k & ~int64_t(15)) + (j & 1 ? 8 + (j >> 1) : j >> 1);
-}
 const QuantKernels& quant_ref();
 const QuantKernels& quant_avx2();  // only where tier_unavailable_reason("avx2") is ""
+// avx2's with the int8-token kernels on AVX-VNNI (vpdpbusd), only where
+// avx_vnni_unavailable_reason() is ""; the avx2 tier runs it where it can.
+const QuantKernels& quant_avx2_vnni();
+std::string avx_vnni_unavailable_reason();
 // AMX-INT8 for the int8-token path (qgemm_amx.cc; the float path is avx2's):
 // real tiles (only where amx_int8_unavailable_reason() is "") or the emulator.
 const QuantKernels& quant_amx();

@@ -84,6 +84,7 @@ QW make_qw(int bits, int64_t N, int64_t K, int64_t block, bool has_zp, int sdt) 
 std::vector<const QuantKernels*> tiers() {
   std::vector<const QuantKernels*> v{&quant_ref()};
   if (tier_unavailable_reason("avx2").empty()) v.push_back(&quant_avx2());
+  if (avx_vnni_unavailable_reason().empty()) v.push_back(&quant_avx2_vnni());
   return v;
 }
 
@@ -111,7 +112,7 @@ TEST(qmoe_gemm_float_matches_float64) {
           std::vector<float> Xk(X.size(), std::nanf(""));
           for (int64_t m = 0; m < M; ++m)
             for (int64_t k = 0; k < K; ++k)
-              Xk[size_t(m * ldx + (qk->f_even_odd && bits == 4 ? even_odd_pos(k, K) : k))] = X[size_t(m * ldx + k)];
+              Xk[size_t(m * ldx + (qk->f_even_odd && bits == 4 ? token_pos(TokenOrder::EvenOdd, k, K) : k))] = X[size_t(m * ldx + k)];
           qk->gemm[bits == 8](w.view(), n0, n1, Xk.data(), ldx, M, Y.data(), ldy);
           for (int64_t m = 0; m < M; ++m)
             for (int64_t n = n0; n < n1; ++n) {
@@ -134,11 +135,13 @@ TEST(qmoe_gemm_int8_tokens_exact_integer_math) {
   for (const QuantKernels* qk : tiers())
     for (int bits : {4, 8})
       for (int64_t block : {16, 32, 64, 128})
-        for (bool zp : {false, true}) {
+        for (bool zp : {false, true})
+          for (bool pairs : {false, true}) {
           // K = whole blocks, or a partial last block of 2..block-2 elements
-          // (the avx2 kernel's 32/16-element steps, then its scalar tail).
+          // (the avx2 kernel's 32/16-element steps, then its scalar tail);
+          // pairs: K a multiple of 64 (block 32: the Pair32 kernels).
           const int64_t N = ht::randint(1, 11), M = ht::randint(1, 7);
-          const int64_t K = block * ht::randint(2, 4) - 2 * ht::randint(0, block / 2 - 1);
+          const int64_t K = pairs ? 64 * ht::randint(1, 5) : block * ht::randint(2, 4) - 2 * ht::randint(0, block / 2 - 1);
           const QW w = make_qw(bits, N, K, block, zp, int(ht::randint(0, 2)));
           const int64_t nb = w.nb, ld = K + 16 * ht::randint(0, 2);
           std::vector<int8_t> xq(size_t(M * ld), 0), stored(size_t(M * ld), 0);
@@ -149,11 +152,7 @@ TEST(qmoe_gemm_int8_tokens_exact_integer_math) {
               const int8_t c = int8_t(ht::randint(-127, 127));
               xq[size_t(m * ld + k)] = c;
               xsum[size_t(m * nb + k / block)] += c;
-              int64_t pos = k;
-              if (qk->i8_even_odd && bits == 4 && (k | 15) < K) {  // whole 16-groups only
-                const int64_t j = k & 15;
-                pos = (k & ~int64_t(15)) + (j & 1 ? 8 + (j >> 1) : j >> 1);
-              }
+              const int64_t pos = token_pos(qk->i8_order(bits, block, K, zp), k, K);
               stored[size_t(m * ld + pos)] = c;
             }
           for (auto& v : xsc) v = float(ht::uniform(0.001, 0.02));
@@ -164,7 +163,7 @@ TEST(qmoe_gemm_int8_tokens_exact_integer_math) {
           x.ld = ld;
           x.nb = nb;
           x.block = block;
-          x.even_odd = qk->i8_even_odd && bits == 4;
+          x.order = qk->i8_order(bits, block, K, zp);
           std::vector<float> Y(size_t(M * N), std::nanf(""));
           qk->gemm_i8[bits == 8](w.view(), 0, N, x, M, Y.data(), N);
           for (int64_t m = 0; m < M; ++m)
@@ -402,7 +401,11 @@ TEST(qmoe_tiers_map_to_quantised_kernels) {
   CHECK(std::string(quant_kernels_for(ref_tier()).name) == "ref");
   const std::string want = tier_unavailable_reason("avx2").empty() ? "avx2" : "ref";
   CHECK(std::string(quant_kernels_for(amx_emu_tier()).name) == "amx-emu");  // AMX-INT8 emulator for int8 tokens
-  if (want == "avx2") CHECK(std::string(quant_kernels_for(avx2_tier()).name) == "avx2");
+  if (want == "avx2") {
+    // avx2's int8-token path on AVX-VNNI where the CPU has it.
+    const std::string got = quant_kernels_for(avx2_tier()).name;
+    CHECK(got == (avx_vnni_unavailable_reason().empty() ? "avx2-vnni" : "avx2"));
+  }
   CHECK(quant_kernels_for(amx_emu_tier()).gemm[0] == quant_kernels_for(avx2_tier()).gemm[0]);  // float path
   for (const QuantKernels* qk : {&quant_ref(), &quant_kernels_for(amx_emu_tier())})
     for (int b = 0; b < 2; ++b) CHECK(qk->gemm[b] != nullptr && qk->gemm_i8[b] != nullptr);

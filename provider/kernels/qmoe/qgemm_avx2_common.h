@@ -1,0 +1,107 @@
+// Register-level helpers the AVX2 quantised kernels share (qgemm_avx2.cc and
+// the int8-token kernel body qgemm_i8_avx2.inc, compiled once per dot
+// instruction). Every function carries target("avx2,fma,f16c") and is
+// always inlined into a kernel whose target includes those features, so no
+// AVX2 body escapes into baseline code.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "qmoe_ffn.h"
+
+#define HQ_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+
+namespace hinamoe {
+namespace qavx2 {
+
+#ifndef HINAMOE_QPF_BYTES
+#define HINAMOE_QPF_BYTES 1024
+#endif
+constexpr int64_t kPrefetchBytes = HINAMOE_QPF_BYTES;  // software prefetch distance on each row
+
+// Rows are handled in blocks of kRowBlock: within a block every token tile
+// (up to 3 tokens, rows as many as the registers allow: 4, 3 or 2) runs, so
+// the block's rows come from memory once and stay in L1 for the later token
+// tiles instead of streaming the whole row range once per token tile.
+constexpr int64_t kRowBlock = 12;  // a multiple of 4, 3 and 2
+
+HQ_INLINE float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <DType SDT>
+HQ_INLINE float scale_at(const QWeight& w, int64_t n, int64_t b) {
+  const int64_t i = n * w.nb + b;
+  if constexpr (SDT == DType::F32) return static_cast<const float*>(w.scales)[i];
+  else if constexpr (SDT == DType::F16) return _cvtsh_ss(static_cast<const uint16_t*>(w.scales)[i]);
+  else return bf16_to_f32(static_cast<const uint16_t*>(w.scales)[i]);
+}
+
+// 8 scales of row n from block b on, as floats.
+template <DType SDT>
+HQ_INLINE __m256 scales8(const QWeight& w, int64_t n, int64_t b) {
+  const int64_t i = n * w.nb + b;
+  if constexpr (SDT == DType::F32) {
+    return _mm256_loadu_ps(static_cast<const float*>(w.scales) + i);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w.scales) + i));
+    if constexpr (SDT == DType::F16) return _mm256_cvtph_ps(h);
+    else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+// sum over blocks b of scale(n, b) * v[b]: the zero point's share of a row
+// when it is the same for every block (v = token scale x code sum per block).
+template <DType SDT>
+HQ_INLINE float dot_scales(const QWeight& w, int64_t n, const float* v) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 8 <= w.nb; b += 8) acc = _mm256_fmadd_ps(scales8<SDT>(w, n, b), _mm256_loadu_ps(v + b), acc);
+  float s = hsum(acc);
+  for (; b < w.nb; ++b) s += scale_at<SDT>(w, n, b) * v[b];
+  return s;
+}
+
+// The zero point of (row n, block b); without zero points the constant 2^(bits-1).
+template <int BITS, bool ZP>
+HQ_INLINE int zero_at(const QWeight& w, int64_t n, int64_t b) {
+  if constexpr (!ZP) return 1 << (BITS - 1);
+  else return w.zero_point(n, b);
+}
+
+// 8 codes of a row starting at element k (k a multiple of 8) as int32.
+template <int BITS>
+HQ_INLINE __m256i codes8(const uint8_t* row, int64_t k) {
+  if constexpr (BITS == 4) {
+    int32_t d;
+    __builtin_memcpy(&d, row + k / 2, 4);
+    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(d), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    return _mm256_and_si256(v, _mm256_set1_epi32(0xF));
+  } else {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k)));
+  }
+}
+
+// 32 4-bit codes at element k (a multiple of 32) as bytes, in the even_odd
+// order of the tokens: the low nibbles of each 8 bytes, then the high ones.
+HQ_INLINE __m256i nibbles32(const uint8_t* row, int64_t k) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+  return _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
+}
+
+// The same for 16 codes, in the low lane.
+HQ_INLINE __m256i nibbles16(const uint8_t* row, int64_t k) {
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k / 2));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_zextsi128_si256(_mm_unpacklo_epi64(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m)));
+}
+
+}  // namespace qavx2
+}  // namespace hinamoe

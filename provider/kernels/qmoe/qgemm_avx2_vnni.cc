@@ -1,0 +1,77 @@
+// The AVX2 tier's int8-token kernels on AVX-VNNI (vpdpbusd on ymm, VEX
+// encoded: Zen 4 and later, Alder Lake and later, Sapphire Rapids): the body
+// of qgemm_i8_avx2.inc with one vpdpbusd per 32 codes and token, where
+// vpmaddubsw + vpmaddwd + vpaddd take three. u8 x s8 products sum in int32,
+// so 8-bit codes enter raw (no sign trick) and their zero point 128 joins
+// the 4-bit one in the per-row correction. The float path stays avx2's.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "qgemm_avx2_common.h"
+#include "qmoe_ffn.h"
+#include "../tier.h"
+
+#define HQ_VNNI_FN __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define HQ_VNNI_INLINE __attribute__((target("avx2,fma,f16c,avxvnni"), always_inline)) inline
+
+namespace hinamoe {
+namespace {
+
+using namespace qavx2;
+
+struct I8Dot {
+  static constexpr int kShift8 = 0;  // 8-bit codes enter as they are
+  template <int BITS>
+  HQ_VNNI_INLINE static void codes32(const uint8_t* row, int64_t k, __m256i* u, __m256i*) {
+    if constexpr (BITS == 4) *u = nibbles32(row, k);
+    else *u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k));
+  }
+  template <int BITS>
+  HQ_VNNI_INLINE static void codes16(const uint8_t* row, int64_t k, __m256i* u, __m256i*) {
+    if constexpr (BITS == 4) *u = nibbles16(row, k);
+    else *u = _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)));
+  }
+  HQ_VNNI_INLINE static __m256i pair4(__m256i lo, __m256i hi, __m256i xe, __m256i xo) {
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, xe), hi, xo);
+  }
+  template <int BITS>
+  HQ_VNNI_INLINE static __m256i dot(__m256i acc, __m256i u, __m256i, __m256i x) {
+    return _mm256_dpbusd_avx_epi32(acc, u, x);
+  }
+};
+
+#define HQ_I8_FN HQ_VNNI_FN
+#include "qgemm_i8_avx2.inc"
+#undef HQ_I8_FN
+
+}  // namespace
+
+std::string avx_vnni_unavailable_reason() {
+#if defined(__x86_64__) || defined(__i386__)
+  if (!tier_unavailable_reason("avx2").empty()) return "needs the avx2 tier";
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !((a >> 4) & 1u)) return "CPU lacks AVX-VNNI (CPUID.7.1:EAX[4])";
+  return "";
+#else
+  return "needs an x86-64 CPU";
+#endif
+}
+
+const QuantKernels& quant_avx2_vnni() {
+  static const QuantKernels q = [] {
+    QuantKernels t = quant_avx2();
+    t.name = "avx2-vnni";
+    t.gemm_i8[0] = qgemm_i8<4>;
+    t.gemm_i8[1] = qgemm_i8<8>;
+    return t;
+  }();
+  return q;
+}
+
+}  // namespace hinamoe
