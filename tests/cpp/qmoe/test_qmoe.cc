@@ -94,12 +94,15 @@ TEST(qmoe_gemm_float_matches_float64) {
   for (const QuantKernels* qk : tiers())
     for (int bits : {4, 8})
       for (int64_t block : {0, 16, 32, 64, 128})
-        for (bool zp : {false, true}) {
+        for (bool zp : {false, true})
+          for (bool whole : {false, true}) {
           const int sdt = int(ht::randint(0, 2));
           const int64_t N = ht::randint(1, 13);
-          // Block-wise K: whole blocks or a partial last one of any even length.
-          const int64_t K = block ? block * ht::randint(1, 4) - 2 * ht::randint(0, block / 2 - 1)
-                                  : 2 * ht::randint(1, 150);
+          // Block-wise K: whole blocks or a partial last one of any even length;
+          // whole: K a multiple of 32 (block 32: the avx2 block-sum kernel).
+          const int64_t K = whole ? 32 * ht::randint(1, 9)
+                            : block ? block * ht::randint(1, 4) - 2 * ht::randint(0, block / 2 - 1)
+                                    : 2 * ht::randint(1, 150);
           const int64_t M = ht::randint(1, 7);
           const QW w = make_qw(bits, N, K, block, zp, sdt);
           const int64_t ldx = K + ht::randint(0, 5);
