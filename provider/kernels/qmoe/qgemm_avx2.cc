@@ -32,6 +32,7 @@ template <int BITS, int R, int T, DType SDT, bool ZP>
 HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
   const int64_t rb = w.row_bytes(), bs = w.block;
   const uint8_t* row[R];
+  const int64_t pf = prefetch_ahead(rb, R);
   for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
   __m256 tot[R][T];
   float extra[R][T];
@@ -51,7 +52,7 @@ HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, flo
     for (int64_t k = k0; k < k0 + kv; k += 8) {
       if (((k * BITS / 8) & 63) == 0)
         for (int r = 0; r < R; ++r)
-          _mm_prefetch(reinterpret_cast<const char*>(row[r] + k * BITS / 8 + kPrefetchBytes), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(row[r] + k * BITS / 8 + pf), _MM_HINT_T0);
       __m256 xv[T];
       for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(X + t * ldx + k);
       for (int r = 0; r < R; ++r) {
@@ -81,6 +82,7 @@ template <int R, int T, DType SDT, bool ZP>
 HQ_FN void micro_f4(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
   const int64_t rb = w.row_bytes(), bs = w.block;
   const uint8_t* row[R];
+  const int64_t pf = prefetch_ahead(rb, R);
   for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
   __m256 tot[R][T];
   float extra[R][T];
@@ -102,7 +104,7 @@ HQ_FN void micro_f4(const QWeight& w, int64_t n, const float* X, int64_t ldx, fl
     for (; k + 16 <= kend; k += 16) {
       if ((k & 127) == 0)
         for (int r = 0; r < R; ++r)
-          _mm_prefetch(reinterpret_cast<const char*>(row[r] + k / 2 + kPrefetchBytes), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(row[r] + k / 2 + pf), _MM_HINT_T0);
       __m256 xe[T], xo[T];
       for (int t = 0; t < T; ++t) {
         xe[t] = _mm256_loadu_ps(X + t * ldx + k);
@@ -146,6 +148,7 @@ HQ_FN void micro_f4_b32(const QWeight& w, int64_t n, const float* X, int64_t ldx
                         int64_t ldy) {
   const int64_t rb = w.row_bytes();
   const uint8_t* row[R];
+  const int64_t pf = prefetch_ahead(rb, R);
   for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
   __m256 tot[R][T];
   for (int r = 0; r < R; ++r)
@@ -155,7 +158,7 @@ HQ_FN void micro_f4_b32(const QWeight& w, int64_t n, const float* X, int64_t ldx
     const int64_t k = b * 32;
     if ((k & 127) == 0)
       for (int r = 0; r < R; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(row[r] + k / 2 + kPrefetchBytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(row[r] + k / 2 + pf), _MM_HINT_T0);
     for (int r = 0; r < R; ++r) {
       const __m256i d0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row[r] + k / 2)));
       const __m256i d1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row[r] + k / 2 + 8)));

@@ -19,7 +19,18 @@ namespace qavx2 {
 #ifndef HINAMOE_QPF_BYTES
 #define HINAMOE_QPF_BYTES 1024
 #endif
-constexpr int64_t kPrefetchBytes = HINAMOE_QPF_BYTES;  // software prefetch distance on each row
+constexpr int64_t kPrefetchBytes = HINAMOE_QPF_BYTES;  // software prefetch distance on each row, at least
+#ifndef HINAMOE_QPF_TILES
+#define HINAMOE_QPF_TILES 2
+#endif
+// Packed rows are short (a 4-bit row of K = 2048 is 1 KiB), too short for
+// the hardware prefetcher to learn each one, so the kernels prefetch the same
+// offset HINAMOE_QPF_TILES micro-tiles (of R rows of rb bytes) further down
+// the row block, which is contiguous in memory.
+inline int64_t prefetch_ahead(int64_t rb, int R) {
+  const int64_t d = HINAMOE_QPF_TILES * R * rb;
+  return d > kPrefetchBytes ? d : kPrefetchBytes;
+}
 
 // Rows are handled in blocks of kRowBlock: within a block every token tile
 // (up to 3 tokens, rows as many as the registers allow: 4, 3 or 2) runs, so
