@@ -3,9 +3,9 @@
 // weight streams are in flight, a software prefetch ahead on each.
 //   float path: 8-bit, 8 codes -> 8 int32 -> float -> weights by one FMA
 //     (q * s - zp * s) -> one FMA per token; 4-bit, 16 codes from one
-//     zero-extending load on tokens in EvenOdd order (micro_f4), and for
-//     blocks of 32 without zero points the scale applied per block to
-//     sum q x, the zero point once per row (micro_f4_b32);
+//     zero-extending load on tokens in EvenOdd order (micro_f4); for
+//     blocks of 32 without zero points (both widths) the scale applied per
+//     block to sum q x, the zero point once per row (micro_fq_b32);
 //   int8 path (accuracy_level 4, qgemm_i8_avx2.inc): 32 codes x 32 int8
 //     tokens per vpmaddubsw + vpmaddwd (8-bit: codes - 128 via sign/abs, so
 //     no int16 overflow); qgemm_avx2_vnni.cc runs the same body on vpdpbusd.
@@ -136,47 +136,57 @@ HQ_FN void micro_f4(const QWeight& w, int64_t n, const float* X, int64_t ldx, fl
     for (int t = 0; t < T; ++t) Y[t * ldy + r] = hsum(tot[r][t]) + extra[r][t];
 }
 
-// 4-bit, blocks of 32, no zero points, K a multiple of 32 (the layout the
-// builder and hina-export write): per block the codes q (0..15) meet the
-// tokens unscaled, sum q x, and the block's scale joins once per block and
-// token: s * sum q x; the zero point 8 comes off once per row as
-// 8 * sum_b s_b * sum(x of b), a dot product of the row's scales with the
-// tokens' block sums xs. A third fewer operations per code than micro_f4's
-// dequantise-then-multiply, which is what bounds the 1-token decode.
-template <int R, int T, DType SDT>
-HQ_FN void micro_f4_b32(const QWeight& w, int64_t n, const float* X, int64_t ldx, const float* xs, float* Y,
+// Blocks of 32, no zero points, K a multiple of 32 (the layout the builder
+// and hina-export write): per block the codes q meet the tokens unscaled,
+// sum q x, and the block's scale joins once per block and token:
+// s * sum q x; the zero point 2^(bits-1) comes off once per row as
+// zp * sum_b s_b * sum(x of b), a dot product of the row's scales with the
+// tokens' block sums xs. A third fewer operations per code than
+// dequantise-then-multiply, which is what bounds the 1-token decode. 4-bit
+// tokens in EvenOdd order (16 codes per zero-extending load), 8-bit in k order.
+template <int BITS, int R, int T, DType SDT>
+HQ_FN void micro_fq_b32(const QWeight& w, int64_t n, const float* X, int64_t ldx, const float* xs, float* Y,
                         int64_t ldy) {
   const int64_t rb = w.row_bytes();
   const uint8_t* row[R];
-  const int64_t pf = prefetch_ahead(rb, R);
   for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
+  const int64_t pf = prefetch_ahead(rb, R);
   __m256 tot[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) tot[r][t] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi32(0xF);
   for (int64_t b = 0; b < w.nb; ++b) {
-    const int64_t k = b * 32;
-    if ((k & 127) == 0)
-      for (int r = 0; r < R; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(row[r] + k / 2 + pf), _MM_HINT_T0);
+    const int64_t k = b * 32, kb = k * BITS / 8;
+    if ((kb & 63) == 0)
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kb + pf), _MM_HINT_T0);
     for (int r = 0; r < R; ++r) {
-      const __m256i d0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row[r] + k / 2)));
-      const __m256i d1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row[r] + k / 2 + 8)));
-      const __m256 q0 = _mm256_cvtepi32_ps(_mm256_and_si256(d0, low4)), q1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(d0, 4));
-      const __m256 q2 = _mm256_cvtepi32_ps(_mm256_and_si256(d1, low4)), q3 = _mm256_cvtepi32_ps(_mm256_srli_epi32(d1, 4));
+      __m256 q[4];
+      if constexpr (BITS == 4) {
+        const __m256i d0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row[r] + kb)));
+        const __m256i d1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row[r] + kb + 8)));
+        q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(d0, low4));
+        q[1] = _mm256_cvtepi32_ps(_mm256_srli_epi32(d0, 4));
+        q[2] = _mm256_cvtepi32_ps(_mm256_and_si256(d1, low4));
+        q[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(d1, 4));
+      } else {
+        for (int i = 0; i < 4; ++i)
+          q[i] = _mm256_cvtepi32_ps(
+              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row[r] + kb + 8 * i))));
+      }
       const __m256 sv = _mm256_set1_ps(scale_at<SDT>(w, n + r, b));
       for (int t = 0; t < T; ++t) {
         const float* x = X + t * ldx + k;
-        __m256 a = _mm256_mul_ps(q0, _mm256_loadu_ps(x));
-        a = _mm256_fmadd_ps(q1, _mm256_loadu_ps(x + 8), a);
-        a = _mm256_fmadd_ps(q2, _mm256_loadu_ps(x + 16), a);
-        a = _mm256_fmadd_ps(q3, _mm256_loadu_ps(x + 24), a);
+        __m256 a = _mm256_mul_ps(q[0], _mm256_loadu_ps(x));
+        a = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(x + 8), a);
+        a = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(x + 16), a);
+        a = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(x + 24), a);
         tot[r][t] = _mm256_fmadd_ps(a, sv, tot[r][t]);
       }
     }
   }
+  constexpr float kZero = float(1 << (BITS - 1));
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) Y[t * ldy + r] = hsum(tot[r][t]) - 8.0f * dot_scales<SDT>(w, n + r, xs + t * w.nb);
+    for (int t = 0; t < T; ++t) Y[t * ldy + r] = hsum(tot[r][t]) - kZero * dot_scales<SDT>(w, n + r, xs + t * w.nb);
 }
 
 // The float micro-kernel of a width: 4-bit on even_odd tokens, 8-bit in k order.
@@ -190,9 +200,9 @@ inline void micro_float(const QWeight& w, int64_t n, const float* X, int64_t ldx
 template <int BITS, DType SDT, bool ZP>
 HQ_FN void qgemm_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
              int64_t ldy) {
-  // 4-bit in blocks of 32 without zero points: micro_f4_b32 on the tokens' block sums.
+  // Blocks of 32 without zero points: micro_fq_b32 on the tokens' block sums.
   std::vector<float> xs;
-  if constexpr (BITS == 4 && !ZP) {
+  if constexpr (!ZP) {
     if (w.block == 32 && w.K % 32 == 0 && w.nb > 1) {
       xs.resize(size_t(M * w.nb));
       for (int64_t m = 0; m < M; ++m)
@@ -210,18 +220,18 @@ HQ_FN void qgemm_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int
       const float* x = X + m * ldx;
       float* y = Y + m * ldy;
       int64_t n = r0;
-      if constexpr (BITS == 4 && !ZP) {
+      if constexpr (!ZP) {
         if (!xs.empty()) {
           const float* s = xs.data() + m * w.nb;
           if (T == 1) {
-            for (; n + 4 <= r1; n += 4) micro_f4_b32<4, 1, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
-            for (; n < r1; ++n) micro_f4_b32<1, 1, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
+            for (; n + 4 <= r1; n += 4) micro_fq_b32<BITS, 4, 1, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
+            for (; n < r1; ++n) micro_fq_b32<BITS, 1, 1, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
           } else if (T == 2) {
-            for (; n + 3 <= r1; n += 3) micro_f4_b32<3, 2, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
-            for (; n < r1; ++n) micro_f4_b32<1, 2, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
+            for (; n + 3 <= r1; n += 3) micro_fq_b32<BITS, 3, 2, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
+            for (; n < r1; ++n) micro_fq_b32<BITS, 1, 2, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
           } else {
-            for (; n + 2 <= r1; n += 2) micro_f4_b32<2, 3, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
-            for (; n < r1; ++n) micro_f4_b32<1, 3, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
+            for (; n + 2 <= r1; n += 2) micro_fq_b32<BITS, 2, 3, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
+            for (; n < r1; ++n) micro_fq_b32<BITS, 1, 3, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
           }
           continue;
         }
