@@ -1,7 +1,8 @@
 """hinamoe.export.convert: the dtype pass on an existing model folder. A
 hina-export fp32 folder converted to bf16 holds the same graph and weights
 as the direct bf16 export of that checkpoint, every other file copied; bad
-input is an error. (A genai builder folder: test_genai.py.)"""
+input is an error. (A genai builder folder: test_genai.py.) And save_model,
+which both use, on a model whose Constant values are external data."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from hinamoe.export import ExportError
+from onnx import TensorProto, helper
+from onnx.external_data_helper import convert_model_to_external_data
+
+from hinamoe.export import ExportError, save_model
 from hinamoe.export.convert import convert, main
 
 
@@ -57,3 +61,32 @@ def test_errors(tiny_export, tmp_path):
     with pytest.raises(ExportError, match="no MoE node converted"):
         convert(unfused, tmp_path / "y")
     assert not (tmp_path / "y").exists()
+
+
+def test_save_model_reads_external_constant_values(tmp_path, rng):
+    """optimum's export of a model over 2 GB keeps some Constant values in its
+    data file; written elsewhere they must still be there (ir.save moves only
+    initializers to the new data file)."""
+    import onnxruntime as ort
+    import onnx_ir as ir
+
+    c = rng.standard_normal((1, 64, 1)).astype(np.float32)
+    w = rng.standard_normal((64, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(c, "c_value")),
+         helper.make_node("Mul", ["x", "c"], ["xc"]), helper.make_node("MatMul", ["xc", "w"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64, 8])],
+        initializer=[numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    convert_model_to_external_data(model, location="model.onnx_data", size_threshold=0, convert_attribute=True)
+    src = tmp_path / "src"
+    src.mkdir()
+    onnx.save(model, str(src / "model.onnx"))
+    x = rng.standard_normal((2, 64, 64)).astype(np.float32)
+    want = (x * c) @ w
+
+    out = save_model(ir.load(str(src / "model.onnx")), tmp_path / "out")
+    (src / "model.onnx_data").unlink()  # the copy must not need the old file
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
