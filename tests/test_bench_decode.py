@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hinamoe.bench.cli import main
-from hinamoe.bench.decode import detect_client
+from hinamoe.bench.decode import detect_client, ms_per_token_at_depth
 
 PROMPT, NEW = 9, 5
 
@@ -26,7 +26,7 @@ def run_decode(tmp_path, model, *extra, rounds=2, seed=0):
     return json.loads(out.read_text())
 
 
-def check_result(res, rounds, moe_on="HinaMoE"):
+def check_result(res, rounds, layers, moe_on="HinaMoE"):
     """The fields, and that each op group ran where it should."""
     assert res["eps"].keys() == {"HinaMoE", "CPU"} and len(res["prompt_ids"]) == PROMPT
     for ep, r in res["eps"].items():
@@ -42,6 +42,13 @@ def check_result(res, rounds, moe_on="HinaMoE"):
             assert ops["prefill_ms"][group] > 0 and ops["decode_ms_per_token"][group] > 0
             want = moe_on if ep == "HinaMoE" else "CPUExecutionProvider"
             assert ops["providers"][group] == [want], (ep, group, ops["providers"])
+        # every MoE / GQA node is inside a layer; the LM head's MatMul is not
+        outside = ops["decode_ms_per_token_outside_layers"]
+        assert ops["layers"] == layers and outside["MatMul/MatMulNBits"] > 0
+        assert "MoE/QMoE" not in outside and "GroupQueryAttention" not in outside
+        assert ms_per_token_at_depth(r, layers) == pytest.approx(s["decode_ms_median"])
+        assert ms_per_token_at_depth(r, 2 * layers) > s["decode_ms_median"]
+        assert all(x["other_cores"] is None or x["other_cores"] >= 0 for x in r["rounds"])
     h, c = (res["eps"][ep]["summary"] for ep in ("HinaMoE", "CPU"))
     assert res["decode_speedup"] == pytest.approx(h["decode_tokens_per_s"] / c["decode_tokens_per_s"])
     assert res["prefill_speedup"] == pytest.approx(h["prefill_tokens_per_s"] / c["prefill_tokens_per_s"])
@@ -61,7 +68,7 @@ def test_optimum_client(arch, tiny_export, tmp_path, seed):
     plot = tmp_path / "decode.png"
     res = run_decode(tmp_path, exp.model.parent, "--plot", str(plot), seed=seed)
     assert res["meta"]["client"] == "optimum" and res["meta"]["cpu_model"] == res["meta"]["model"]
-    check_result(res, rounds=2)
+    check_result(res, rounds=2, layers=exp.torch_model().config.num_hidden_layers)
     assert res["same_tokens"] is True
     want = torch_greedy(exp, res["prompt_ids"], NEW)
     assert res["tokens"]["HinaMoE"] == res["tokens"]["CPU"] == want
@@ -73,12 +80,13 @@ def test_optimum_client_bf16_copy_against_fp32(tiny_export, tmp_path, seed):
     original on the CPU EP (which has no bf16 MoE): --cpu-model."""
     from hinamoe.export.convert import convert
 
-    src = tiny_export.fused("qwen3_moe").model.parent
+    exp = tiny_export.fused("qwen3_moe")
+    src = exp.model.parent
     convert(src, tmp_path / "bf16")
     res = run_decode(tmp_path, tmp_path / "bf16", "--cpu-model", str(src), "--client", "optimum",
                      rounds=1, seed=seed)
     assert res["meta"]["cpu_model"] == str(src)
-    check_result(res, rounds=1)  # tokens may differ: bf16 weights are another model
+    check_result(res, rounds=1, layers=exp.torch_model().config.num_hidden_layers)  # tokens may differ: bf16 weights are another model
 
 
 def test_cpu_ep_on_a_bf16_copy_says_what_to_do(tiny_export, tmp_path, capsys):

@@ -197,6 +197,10 @@ def test_hina_bench_decode(genai_models, tmp_path):
 
 
 def _check_decode_result(res, rounds):
+    from hinamoe.bench.decode import ms_per_token_at_depth
+
+    layers = json.loads((Path(res["meta"]["model"]) / "genai_config.json").read_text())["model"]["decoder"][
+        "num_hidden_layers"]
     for ep in ("HinaMoE", "CPU"):
         r = res["eps"][ep]
         assert len(r["rounds"]) == rounds and all(len(x["decode_ms"]) == 4 for x in r["rounds"])
@@ -207,6 +211,9 @@ def _check_decode_result(res, rounds):
         assert ops["decode_ms_per_token"]["MoE/QMoE"] > 0 and ops["prefill_ms"]["GroupQueryAttention"] > 0
         want = "HinaMoE" if ep == "HinaMoE" else "CPUExecutionProvider"
         assert ops["providers"]["MoE/QMoE"] == [want] and ops["providers"]["GroupQueryAttention"] == [want]
+        outside = ops["decode_ms_per_token_outside_layers"]  # embedding, LM head, mask
+        assert ops["layers"] == layers and outside["MatMul/MatMulNBits"] > 0 and "MoE/QMoE" not in outside
+        assert ms_per_token_at_depth(r, layers) == pytest.approx(s["decode_ms_median"])
 
 
 def test_bf16_copy_of_a_builder_model(genai_models, tmp_path, rng):

@@ -9,6 +9,7 @@ import argparse
 import gc
 import importlib
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from .common import cpu_name, hinamoe_tier
+from .common import OtherLoad, cpu_name, hinamoe_tier
 
 NAME = "decode"
 HELP = "whole-model prefill/decode tokens/s of a genai or hina-export model folder (HinaMoE vs ORT CPU EP)"
@@ -38,9 +39,10 @@ greedy tokens (EOS cannot end it early: min length = max length; genai's
 max_length at least the sliding window, which sizes the window buffers).
 prefill tokens/s = prompt tokens / time of the prompt's forward and first
 token; decode: the time of every later token, reported as the median ms
-per token, its 10th/90th percentiles, and tokens/s = 1000 / median ms. The
-model is loaded before the timed part and released after each round
-(memory for one model at a time).
+per token, its 10th/90th percentiles, and tokens/s = 1000 / median ms;
+per round also the cores other processes kept busy meanwhile. The model is
+loaded before the timed part and released after each round (memory for
+one model at a time).
 
 Then one more profiled generation per EP (ORT profiling; not timed): the
 time of every node by op type -- MoE/QMoE, GroupQueryAttention,
@@ -63,6 +65,8 @@ Examples:
 OP_GROUPS = (("MoE/QMoE", ("MoE", "QMoE")), ("GroupQueryAttention", ("GroupQueryAttention",)),
              ("MatMul/MatMulNBits", ("MatMul", "MatMulNBits", "Gemm")))
 EPS = ("HinaMoE", "CPU")
+# A node inside decoder layer N: "/model/layers.N/..." (genai's builder and optimum's export).
+LAYER = re.compile(r"layers[./_](\d+)[./_]")
 CLIENTS = {"genai": ".decode_genai", "optimum": ".decode_optimum"}
 
 
@@ -131,28 +135,61 @@ def _check_files(name: str, path: Path) -> None:
 def op_breakdown(profile_path: str | Path) -> dict:
     """Node time by op group from an ORT profile: the first model run (the
     prompt) and the mean per later run (one decoded token), in ms, plus the
-    EPs each group ran on."""
+    EPs each group ran on, the decoder layers seen (node names with
+    ``layers.N``) and the decode time of the nodes outside them (embedding,
+    LM head, mask arithmetic), which does not grow with depth."""
     with open(profile_path) as f:
         events = json.load(f)
     runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e["name"] == "model_run")
-    out = {"prefill_ms": {}, "decode_ms_per_token": {}, "providers": {}}
+    out = {"prefill_ms": {}, "decode_ms_per_token": {}, "providers": {}, "layers": 0,
+           "decode_ms_per_token_outside_layers": {}}
     if not runs:
         return out
     group_of = {op: g for g, ops in OP_GROUPS for op in ops}
-    prefill, decode, providers = {}, {}, {}
-    for e in events:
-        args = e.get("args", {})
-        if e.get("cat") != "Node" or "op_name" not in args:
-            continue
+    nodes = [e for e in events if e.get("cat") == "Node" and "op_name" in e.get("args", {})]
+
+    def layer_of(e) -> int | None:
+        m = LAYER.search(e["name"])
+        return int(m.group(1)) if m else None
+
+    # A layer is an index with attention or experts in it (genai's builder
+    # names the final norm "layers.<n_layers>/final_norm_layernorm").
+    layers = {layer_of(e) for e in nodes if group_of.get(e["args"]["op_name"]) in ("MoE/QMoE", "GroupQueryAttention")}
+    layers.discard(None)
+    if not layers:
+        layers = {i for i in map(layer_of, nodes) if i is not None}
+    prefill, decode, outside, providers = {}, {}, {}, {}
+    for e in nodes:
+        args = e["args"]
         group = group_of.get(args["op_name"], "other")
-        target = prefill if runs[0][0] <= e["ts"] <= runs[0][1] else decode
-        target[group] = target.get(group, 0.0) + e["dur"] / 1000.0
+        layer = layer_of(e) in layers
+        ms = e["dur"] / 1000.0
+        if runs[0][0] <= e["ts"] <= runs[0][1]:
+            prefill[group] = prefill.get(group, 0.0) + ms
+        else:
+            decode[group] = decode.get(group, 0.0) + ms
+            if not layer:
+                outside[group] = outside.get(group, 0.0) + ms
         providers.setdefault(group, set()).add(args.get("provider", "?"))
     n_decode = max(1, len(runs) - 1)
     out["prefill_ms"] = prefill
     out["decode_ms_per_token"] = {g: v / n_decode for g, v in decode.items()}
     out["providers"] = {g: sorted(p) for g, p in providers.items()}
+    out["layers"] = len(layers)
+    out["decode_ms_per_token_outside_layers"] = {g: v / n_decode for g, v in outside.items()}
     return out
+
+
+def ms_per_token_at_depth(ep_result: dict, depth: int) -> float | None:
+    """Estimated decode ms per token of the same model with `depth` layers:
+    the measured median, with the profiled time of the nodes inside the
+    layers scaled by depth / layers (the rest -- nodes outside the layers,
+    and the client's own time per token -- kept as measured)."""
+    ops = ep_result.get("ops")
+    if not ops or not ops.get("layers"):
+        return None
+    inside = sum(ops["decode_ms_per_token"].values()) - sum(ops["decode_ms_per_token_outside_layers"].values())
+    return ep_result["summary"]["decode_ms_median"] + inside * (depth / ops["layers"] - 1.0)
 
 
 def _summary(rounds: list[dict], prompt_len: int) -> dict:
@@ -211,10 +248,13 @@ def _run(args) -> int:
     for i, ep in _progress(order, len(order), "decode rounds"):
         c = clients[ep]
         handle = _load(c, ep, args)
+        load = OtherLoad()
         t_prompt, steps, toks = c.generate(handle, prompt, args.new_tokens)
+        others = load.cores_used()
         c.release(handle)
         gc.collect()
-        rounds[ep].append({"round": i, "prefill_s": t_prompt, "decode_ms": [s * 1000.0 for s in steps]})
+        rounds[ep].append({"round": i, "prefill_s": t_prompt, "decode_ms": [s * 1000.0 for s in steps],
+                           "other_cores": others})
         tokens[ep] = toks
     result = {
         "meta": {"hinamoe": __version__, "cpu": cpu_name(), "model": str(paths["HinaMoE"]), "client": name,
@@ -241,6 +281,10 @@ def _run(args) -> int:
     result["decode_speedup"] = h["decode_tokens_per_s"] / c["decode_tokens_per_s"]
     result["prefill_speedup"] = h["prefill_tokens_per_s"] / c["prefill_tokens_per_s"]
     _print(result)
+    busiest = max((r.get("other_cores") or 0.0 for ep in EPS for r in rounds[ep]), default=0.0)
+    warning = OtherLoad.warning(busiest)
+    if warning:
+        print(warning.replace("this run", "a round (other_cores per round in the JSON)"), file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
         print(f"wrote {args.json}")
