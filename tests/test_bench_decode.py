@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
-from hinamoe.bench.cli import main
-from hinamoe.bench.decode import detect_client, ms_per_token_at_depth
+torch = pytest.importorskip("torch")
+pytest.importorskip("optimum.onnxruntime")  # load_causal_lm: the export extra
+
+from hinamoe.bench.cli import main  # noqa: E402
+from hinamoe.bench.decode import detect_client, ms_per_token_at_depth  # noqa: E402
 
 PROMPT, NEW = 9, 5
 
