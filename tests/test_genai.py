@@ -179,19 +179,31 @@ def test_helper_errors(genai_models, tmp_path):
 
 
 def test_hina_bench_decode(genai_models, tmp_path):
-    """hina-bench decode on a tiny model: a short run, the JSON and the plot
-    (speed itself is for the benchmark, not checked here)."""
+    """hina-bench decode on a tiny model (genai client, picked from the
+    folder): a short run, the tokens against genai's own greedy loop on the
+    CPU EP, the JSON and the plot (speed itself is for the benchmark)."""
     pytest.importorskip("matplotlib")
     from hinamoe.bench.cli import main
 
+    path = genai_models("gpt_oss", "fp32")
     out, plot = tmp_path / "decode.json", tmp_path / "decode.png"
-    assert main(["decode", str(genai_models("gpt_oss", "fp32")), "--prompt", "9", "--new-tokens", "5",
+    assert main(["decode", str(path), "--prompt", "9", "--new-tokens", "5",
                  "--rounds", "2", "--threads", "1", "--json", str(out), "--plot", str(plot)]) == 0
     res = json.loads(out.read_text())
-    assert res["same_tokens"] is True and plot.stat().st_size > 0
+    assert res["meta"]["client"] == "genai" and res["same_tokens"] is True and plot.stat().st_size > 0
+    want, _ = greedy(cpu_model(path), np.array(res["prompt_ids"]), 5)
+    assert res["tokens"]["HinaMoE"] == res["tokens"]["CPU"] == want
+    _check_decode_result(res, rounds=2)
+
+
+def _check_decode_result(res, rounds):
+    from hinamoe.bench.decode import ms_per_token_at_depth
+
+    layers = json.loads((Path(res["meta"]["model"]) / "genai_config.json").read_text())["model"]["decoder"][
+        "num_hidden_layers"]
     for ep in ("HinaMoE", "CPU"):
         r = res["eps"][ep]
-        assert len(r["rounds"]) == 2 and all(len(x["decode_ms"]) == 4 for x in r["rounds"])
+        assert len(r["rounds"]) == rounds and all(len(x["decode_ms"]) == 4 for x in r["rounds"])
         s = r["summary"]
         assert 0 < s["decode_ms_p10"] <= s["decode_ms_median"] <= s["decode_ms_p90"]
         assert s["decode_tokens_per_s"] == pytest.approx(1000.0 / s["decode_ms_median"])
@@ -199,3 +211,48 @@ def test_hina_bench_decode(genai_models, tmp_path):
         assert ops["decode_ms_per_token"]["MoE/QMoE"] > 0 and ops["prefill_ms"]["GroupQueryAttention"] > 0
         want = "HinaMoE" if ep == "HinaMoE" else "CPUExecutionProvider"
         assert ops["providers"]["MoE/QMoE"] == [want] and ops["providers"]["GroupQueryAttention"] == [want]
+        outside = ops["decode_ms_per_token_outside_layers"]  # embedding, LM head, mask
+        assert ops["layers"] == layers and outside["MatMul/MatMulNBits"] > 0 and "MoE/QMoE" not in outside
+        assert ms_per_token_at_depth(r, layers) == pytest.approx(s["decode_ms_median"])
+
+
+def test_bf16_copy_of_a_builder_model(genai_models, tmp_path, rng):
+    """hinamoe.export.convert on the builder's fp32 folder: its MoE experts
+    become bf16 (nothing else changes), the copy runs on HinaMoE with every
+    MoE there, its prompt logits within bf16 rounding of the fp32 original
+    on the CPU EP, and hina-bench decode runs it against that original."""
+    from hinamoe.bench.cli import main
+    from hinamoe.export.convert import convert
+
+    src = genai_models("gpt_oss", "fp32")
+    dst = tmp_path / "bf16"
+    rep = convert(src, dst, "bf16")
+    nodes = graph_nodes(src)
+    assert len(rep.fused) == sum(op == "MoE" for op in nodes.values()) > 0
+    assert graph_nodes(dst) == nodes
+    assert json.loads((dst / "genai_config.json").read_text()) == json.loads((src / "genai_config.json").read_text())
+    m = onnx.load(str(dst / "model.onnx"))
+    inits = {t.name: t for t in m.graph.initializer}
+    for n in m.graph.node:
+        if n.op_type == "MoE":
+            for name in (n.input[2], n.input[4]):
+                assert inits[name].data_type == onnx.TensorProto.BFLOAT16, name
+
+    prompt = rng.integers(0, 256, size=int(rng.integers(7, 12)))
+    _, want = greedy(cpu_model(src), prompt, 2)
+    prefix = str(tmp_path / "hina")
+    model = hinamoe.genai.model(dst, profile_prefix=prefix)  # strict: a MoE left to the CPU EP fails here
+    _, got = greedy(model, prompt, 2)
+    del model
+    # bf16 experts (8 mantissa bits) through two GEMMs per layer: relative to the logits' scale.
+    scale = np.abs(want[0]).max()
+    assert np.abs(got[0].astype(np.float64) - want[0]).max() <= 4e-2 * scale
+    ran = hinamoe.genai.profile_providers(glob.glob(prefix + "*.json")[0])
+    assert all(ran[name][1] == "HinaMoE" for name, op in nodes.items() if op in ("MoE", "GroupQueryAttention"))
+
+    out = tmp_path / "decode.json"
+    assert main(["decode", str(dst), "--cpu-model", str(src), "--prompt", "9", "--new-tokens", "5",
+                 "--rounds", "1", "--threads", "1", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["meta"]["cpu_model"] == str(src)
+    _check_decode_result(res, rounds=1)

@@ -1,11 +1,15 @@
-"""``hina-bench decode``: whole-model prefill and decode speed of an
-onnxruntime-genai model folder, HinaMoE against ONNX Runtime's CPU EP."""
+"""``hina-bench decode``: whole-model prefill and decode speed of a model
+folder, HinaMoE against ONNX Runtime's CPU EP. The clients that load and
+generate (genai's loop, optimum's generate) are in decode_genai.py and
+decode_optimum.py; timing rounds, profile breakdown, report and plot here."""
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -15,44 +19,65 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from .common import cpu_name
+from .common import OtherLoad, cpu_name, hinamoe_tier
 
 NAME = "decode"
-HELP = "whole-model prefill/decode tokens/s of a genai model folder (HinaMoE vs ORT CPU EP)"
+HELP = "whole-model prefill/decode tokens/s of a genai or hina-export model folder (HinaMoE vs ORT CPU EP)"
 DESCRIPTION = """\
-Greedy generation through onnxruntime-genai on one model folder (the genai
-model builder's output, or any folder with a genai_config.json), on HinaMoE
-(hinamoe.genai, strict) and on ONNX Runtime's CPU EP, the two alternating
-round by round in one run so both see the same machine state.
+Greedy generation of one model folder on HinaMoE (strict: every MoE and
+GroupQueryAttention node on HinaMoE, or the load fails) and on ONNX
+Runtime's CPU EP, the two alternating round by round in one run so both see
+the same machine state. Two clients, picked from the folder (or --client):
+
+  genai    a folder with genai_config.json (onnxruntime-genai's model
+           builder): genai's generate loop (hinamoe.genai)
+  optimum  model.onnx + config.json (hina-export's output):
+           hinamoe.export.load_causal_lm(...).generate()
 
 Per round and EP: a prompt of --prompt random token ids, then --new-tokens
-greedy tokens (EOS suppressed; genai's max_length at least the sliding
-window, which sizes the window buffers). prefill tokens/s = prompt tokens / time of
-the prompt call; decode: the time of every later generate_next_token()
-(one token each), reported as the median ms per token, its 10th/90th
-percentiles, and tokens/s = 1000 / median ms. The model is loaded before
-the timed part and released after each round (memory for one model at a
-time).
+greedy tokens (EOS cannot end it early: min length = max length; genai's
+max_length at least the sliding window, which sizes the window buffers).
+prefill tokens/s = prompt tokens / time of the prompt's forward and first
+token; decode: the time of every later token, reported as the median ms
+per token, its 10th/90th percentiles, and tokens/s = 1000 / median ms;
+per round also the cores other processes kept busy meanwhile. The model is
+loaded before the timed part and released after each round (memory for
+one model at a time).
 
 Then one more profiled generation per EP (ORT profiling; not timed): the
 time of every node by op type -- MoE/QMoE, GroupQueryAttention,
 MatMul/MatMulNBits, the rest -- for the prompt and per decoded token, and
 which EP ran each group.
 
-Needs onnxruntime-genai (and, for the builder, transformers 5).
+--cpu-model gives the CPU EP another folder of the same model, e.g. the
+fp32 original of a copy whose experts are bf16 (which the CPU EP cannot
+run; python -m hinamoe.export.convert makes such copies).
+
+Needs onnxruntime-genai for genai folders (and, for the builder,
+transformers 5), the export extra for hina-export folders.
 
 Examples:
   hina-bench decode gptoss-genai --prompt 128 --new-tokens 64 --rounds 5 --threads 2
-  hina-bench decode model-dir --json decode.json --plot decode.png
+  hina-bench decode gptoss-genai-bf16 --cpu-model gptoss-genai --json decode.json --plot decode.png
+  hina-bench decode qwen3-export --client optimum
 """
 
 OP_GROUPS = (("MoE/QMoE", ("MoE", "QMoE")), ("GroupQueryAttention", ("GroupQueryAttention",)),
              ("MatMul/MatMulNBits", ("MatMul", "MatMulNBits", "Gemm")))
 EPS = ("HinaMoE", "CPU")
+# A node inside decoder layer N: "/model/layers.N/..." (genai's builder and optimum's export).
+LAYER = re.compile(r"layers[./_](\d+)[./_]")
+CLIENTS = {"genai": ".decode_genai", "optimum": ".decode_optimum"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="onnxruntime-genai model folder")
+    p.add_argument("model", help="model folder: onnxruntime-genai (genai_config.json) or hina-export "
+                                 "(model.onnx + config.json)")
+    p.add_argument("--client", choices=("auto", *CLIENTS), default="auto",
+                   help="genai (genai's generate loop) or optimum (load_causal_lm + generate); "
+                        "default: from the folder's files")
+    p.add_argument("--cpu-model", default=None,
+                   help="folder the CPU EP runs instead of MODEL (same model, e.g. its fp32 original)")
     p.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens to generate (default 64)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per EP (default 3)")
@@ -72,72 +97,99 @@ def _progress(iterable, total: int, desc: str):
     return tqdm(iterable, total=total, desc=desc, file=sys.stderr)
 
 
-def _model(path: str, ep: str, threads: int, isa: str, profile_prefix: str | None = None):
-    import onnxruntime_genai as og
-
-    import hinamoe.genai
-
-    session = {"intra_op_num_threads": threads}
-    if profile_prefix is not None:
-        session["enable_profiling"] = profile_prefix
-    if ep == "HinaMoE":
-        cfg = hinamoe.genai.config(path, isa=isa)
-    else:
-        cfg = og.Config(path)
-        cfg.clear_providers()
-    cfg.overlay(json.dumps({"model": {"decoder": {"session_options": session}}}))
-    return og.Model(cfg)
+def detect_client(path: str | Path) -> str:
+    """The client a model folder needs: genai (genai_config.json) or optimum
+    (model.onnx + config.json, hina-export's output)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"{path} is not a folder")
+    if (path / "genai_config.json").is_file():
+        return "genai"
+    if (path / "model.onnx").is_file() and (path / "config.json").is_file():
+        return "optimum"
+    raise ValueError(f"{path}: neither an onnxruntime-genai folder (genai_config.json) nor a hina-export "
+                     "folder (model.onnx + config.json)")
 
 
-def _generate(model, prompt: np.ndarray, new_tokens: int, min_max_length: int = 0):
-    """Greedy generation; (prompt seconds, [seconds per later token], tokens).
-    min_max_length: a floor for genai's max_length, which also sizes the
-    window buffers of sliding layers (ORT refuses one below the window)."""
-    import onnxruntime_genai as og
+def _client_module(name: str):
+    """The client's module, or an error naming what is missing."""
+    mod = importlib.import_module(CLIENTS[name], __package__)
+    try:
+        if name == "genai":
+            import onnxruntime_genai  # noqa: F401
+        else:
+            import optimum.onnxruntime  # noqa: F401
+            import torch  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"the {name} client needs {mod.NEEDS} ({e})") from None
+    return mod
 
-    params = og.GeneratorParams(model)
-    total = prompt.size + new_tokens
-    params.set_search_options(max_length=max(total, min_max_length), min_length=total, do_sample=False)
-    gen = og.Generator(model, params)
-    t0 = time.perf_counter()
-    gen.append_tokens(prompt[None, :].astype(np.int32))
-    gen.generate_next_token()  # the first new token comes from the prompt's logits
-    t_prompt = time.perf_counter() - t0
-    steps = []
-    while len(steps) < new_tokens - 1 and not gen.is_done():
-        t = time.perf_counter()
-        gen.generate_next_token()
-        steps.append(time.perf_counter() - t)
-    tokens = [int(x) for x in gen.get_sequence(0)[prompt.size:total]]
-    del gen
-    return t_prompt, steps, tokens
+
+def _check_files(name: str, path: Path) -> None:
+    want = ["genai_config.json"] if name == "genai" else ["model.onnx", "config.json"]
+    missing = [f for f in want if not (path / f).is_file()]
+    if missing:
+        raise ValueError(f"--client {name}: {path} has no {', '.join(missing)}")
 
 
 def op_breakdown(profile_path: str | Path) -> dict:
     """Node time by op group from an ORT profile: the first model run (the
     prompt) and the mean per later run (one decoded token), in ms, plus the
-    EPs each group ran on."""
+    EPs each group ran on, the decoder layers seen (node names with
+    ``layers.N``) and the decode time of the nodes outside them (embedding,
+    LM head, mask arithmetic), which does not grow with depth."""
     with open(profile_path) as f:
         events = json.load(f)
     runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e["name"] == "model_run")
-    out = {"prefill_ms": {}, "decode_ms_per_token": {}, "providers": {}}
+    out = {"prefill_ms": {}, "decode_ms_per_token": {}, "providers": {}, "layers": 0,
+           "decode_ms_per_token_outside_layers": {}}
     if not runs:
         return out
     group_of = {op: g for g, ops in OP_GROUPS for op in ops}
-    prefill, decode, providers = {}, {}, {}
-    for e in events:
-        args = e.get("args", {})
-        if e.get("cat") != "Node" or "op_name" not in args:
-            continue
+    nodes = [e for e in events if e.get("cat") == "Node" and "op_name" in e.get("args", {})]
+
+    def layer_of(e) -> int | None:
+        m = LAYER.search(e["name"])
+        return int(m.group(1)) if m else None
+
+    # A layer is an index with attention or experts in it (genai's builder
+    # names the final norm "layers.<n_layers>/final_norm_layernorm").
+    layers = {layer_of(e) for e in nodes if group_of.get(e["args"]["op_name"]) in ("MoE/QMoE", "GroupQueryAttention")}
+    layers.discard(None)
+    if not layers:
+        layers = {i for i in map(layer_of, nodes) if i is not None}
+    prefill, decode, outside, providers = {}, {}, {}, {}
+    for e in nodes:
+        args = e["args"]
         group = group_of.get(args["op_name"], "other")
-        target = prefill if runs[0][0] <= e["ts"] <= runs[0][1] else decode
-        target[group] = target.get(group, 0.0) + e["dur"] / 1000.0
+        layer = layer_of(e) in layers
+        ms = e["dur"] / 1000.0
+        if runs[0][0] <= e["ts"] <= runs[0][1]:
+            prefill[group] = prefill.get(group, 0.0) + ms
+        else:
+            decode[group] = decode.get(group, 0.0) + ms
+            if not layer:
+                outside[group] = outside.get(group, 0.0) + ms
         providers.setdefault(group, set()).add(args.get("provider", "?"))
     n_decode = max(1, len(runs) - 1)
     out["prefill_ms"] = prefill
     out["decode_ms_per_token"] = {g: v / n_decode for g, v in decode.items()}
     out["providers"] = {g: sorted(p) for g, p in providers.items()}
+    out["layers"] = len(layers)
+    out["decode_ms_per_token_outside_layers"] = {g: v / n_decode for g, v in outside.items()}
     return out
+
+
+def ms_per_token_at_depth(ep_result: dict, depth: int) -> float | None:
+    """Estimated decode ms per token of the same model with `depth` layers:
+    the measured median, with the profiled time of the nodes inside the
+    layers scaled by depth / layers (the rest -- nodes outside the layers,
+    and the client's own time per token -- kept as measured)."""
+    ops = ep_result.get("ops")
+    if not ops or not ops.get("layers"):
+        return None
+    inside = sum(ops["decode_ms_per_token"].values()) - sum(ops["decode_ms_per_token_outside_layers"].values())
+    return ep_result["summary"]["decode_ms_median"] + inside * (depth / ops["layers"] - 1.0)
 
 
 def _summary(rounds: list[dict], prompt_len: int) -> dict:
@@ -149,47 +201,90 @@ def _summary(rounds: list[dict], prompt_len: int) -> dict:
             "decode_tokens_per_s": 1000.0 / float(q[1])}
 
 
+class LoadError(RuntimeError):
+    pass
+
+
+def _load(client, ep: str, args, profile_prefix: str | None = None):
+    try:
+        return client.load(ep, args.threads, args.isa, profile_prefix=profile_prefix)
+    except Exception as e:  # noqa: BLE001 -- ORT / genai errors, with what to do
+        hint = "" if ep == "HinaMoE" else (" (a model whose MoE experts are bf16 needs --cpu-model with its"
+                                           " fp32 original: the CPU EP has no bf16 MoE)")
+        raise LoadError(f"{ep} could not load {client.path}: {e}{hint}") from e
+
+
 def run(args) -> int:
     try:
-        import onnxruntime_genai  # noqa: F401
-    except ImportError:
-        print("hina-bench decode needs onnxruntime-genai (pip install onnxruntime-genai)", file=sys.stderr)
+        return _run(args)
+    except LoadError as e:
+        print(f"hina-bench decode: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(args) -> int:
+    paths = {"HinaMoE": Path(args.model), "CPU": Path(args.cpu_model or args.model)}
+    try:
+        if args.prompt < 1 or args.new_tokens < 2 or args.rounds < 1 or args.threads < 1:
+            raise ValueError("--prompt, --rounds and --threads must be >= 1, --new-tokens >= 2")
+        name = detect_client(paths["HinaMoE"]) if args.client == "auto" else args.client
+        for p in paths.values():
+            _check_files(name, p)
+        mod = _client_module(name)
+        clients = {ep: mod.Client(p) for ep, p in paths.items()}
+        if clients["HinaMoE"].vocab_size != clients["CPU"].vocab_size:
+            raise ValueError(f"--cpu-model has vocabulary {clients['CPU'].vocab_size}, "
+                             f"{args.model} {clients['HinaMoE'].vocab_size}: not the same model")
+    except (ValueError, ImportError) as e:
+        print(f"hina-bench decode: {e}", file=sys.stderr)
+        return 2
+    if hinamoe_tier(args.isa) is None:  # says why
         return 2
     rng = np.random.default_rng(args.seed)
-    genai_cfg = json.loads((Path(args.model) / "genai_config.json").read_text())["model"]
-    vocab = genai_cfg["vocab_size"]
-    window = genai_cfg.get("decoder", {}).get("sliding_window", {}).get("window_size", 0)
-    prompt = rng.integers(0, min(vocab, 256), size=args.prompt)
+    prompt = rng.integers(0, min(clients["HinaMoE"].vocab_size, 256), size=args.prompt)
     rounds = {ep: [] for ep in EPS}
     tokens = {}
     order = [(i, ep) for i in range(args.rounds) for ep in (EPS if i % 2 == 0 else EPS[::-1])]
     for i, ep in _progress(order, len(order), "decode rounds"):
-        model = _model(args.model, ep, args.threads, args.isa)
-        t_prompt, steps, toks = _generate(model, prompt, args.new_tokens, window)
-        del model
+        c = clients[ep]
+        handle = _load(c, ep, args)
+        load = OtherLoad()
+        t_prompt, steps, toks = c.generate(handle, prompt, args.new_tokens)
+        others = load.cores_used()
+        c.release(handle)
         gc.collect()
-        rounds[ep].append({"round": i, "prefill_s": t_prompt, "decode_ms": [s * 1000.0 for s in steps]})
+        rounds[ep].append({"round": i, "prefill_s": t_prompt, "decode_ms": [s * 1000.0 for s in steps],
+                           "other_cores": others})
         tokens[ep] = toks
     result = {
-        "meta": {"hinamoe": __version__, "cpu": cpu_name(), "model": str(args.model), "prompt": args.prompt,
-                 "new_tokens": args.new_tokens, "rounds": args.rounds, "threads": args.threads, "isa": args.isa,
+        "meta": {"hinamoe": __version__, "cpu": cpu_name(), "model": str(paths["HinaMoE"]), "client": name,
+                 "cpu_model": str(paths["CPU"]), "prompt": args.prompt, "new_tokens": args.new_tokens,
+                 "rounds": args.rounds, "threads": args.threads, "isa": args.isa,
                  "time": time.strftime("%Y-%m-%d %H:%M:%S")},
         "same_tokens": tokens["HinaMoE"] == tokens["CPU"],
+        "prompt_ids": [int(t) for t in prompt],
+        "tokens": tokens,  # each EP's last round
         "eps": {ep: {"summary": _summary(rounds[ep], args.prompt), "rounds": rounds[ep]} for ep in EPS},
     }
     if not args.no_profile:
         with tempfile.TemporaryDirectory() as tmp:
             for ep in _progress(EPS, len(EPS), "profiled runs"):
-                prefix = str(Path(tmp) / ep)
-                model = _model(args.model, ep, args.threads, args.isa, profile_prefix=prefix)
-                _generate(model, prompt, args.new_tokens, window)
-                del model
+                c = clients[ep]
+                handle = _load(c, ep, args, profile_prefix=str(Path(tmp) / ep))
+                c.generate(handle, prompt, args.new_tokens)
+                profile = c.release(handle)
                 gc.collect()
-                result["eps"][ep]["ops"] = op_breakdown(next(Path(tmp).glob(ep + "*.json")))
+                if profile is None:
+                    raise RuntimeError(f"{ep}: ONNX Runtime wrote no profile")
+                result["eps"][ep]["ops"] = op_breakdown(profile)
     h, c = (result["eps"][ep]["summary"] for ep in EPS)
     result["decode_speedup"] = h["decode_tokens_per_s"] / c["decode_tokens_per_s"]
     result["prefill_speedup"] = h["prefill_tokens_per_s"] / c["prefill_tokens_per_s"]
     _print(result)
+    busiest = max((r.get("other_cores") or 0.0 for ep in EPS for r in rounds[ep]), default=0.0)
+    warning = OtherLoad.warning(busiest)
+    if warning:
+        print(warning.replace("this run", "a round (other_cores per round in the JSON)"), file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
         print(f"wrote {args.json}")
@@ -201,8 +296,9 @@ def run(args) -> int:
 
 def _print(result: dict) -> None:
     m = result["meta"]
-    print(f"{m['model']}: prompt {m['prompt']}, {m['new_tokens']} new tokens, {m['rounds']} rounds, "
-          f"{m['threads']} threads, {m['cpu']}")
+    cpu = f" (CPU EP: {m['cpu_model']})" if m["cpu_model"] != m["model"] else ""
+    print(f"{m['model']}{cpu}, {m['client']} client: prompt {m['prompt']}, {m['new_tokens']} new tokens, "
+          f"{m['rounds']} rounds, {m['threads']} threads, {m['cpu']}")
     print(f"{'EP':8} {'prefill tok/s':>14} {'decode tok/s':>13} {'ms/token p10/p50/p90':>24}")
     for ep, r in result["eps"].items():
         s = r["summary"]

@@ -90,17 +90,41 @@ def check_quant_options(ckpt, dtype: str, block_size: int | None, fuse_graph: bo
             raise ExportError(str(e)) from None
 
 
+def inline_attribute_tensors(model) -> int:
+    """Reads node attribute tensors (Constant values) that the loaded model
+    keeps in its external-data file into the graph; returns how many. ir.save
+    writes only initializers to the new data file, so such an attribute would
+    keep the old file's name and offset and point past the end of the new one
+    (optimum's export of a model over 2 GB has them)."""
+    import onnx_ir as ir
+
+    count = 0
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for name, attr in list(node.attributes.items()):
+            if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
+                node.attributes[name] = ir.AttrTensor(name, ir.tensor(attr.value.numpy(), name=attr.value.name))
+                count += 1
+            elif attr.type == ir.AttributeType.TENSORS and any(isinstance(t, ir.ExternalTensor) for t in attr.value):
+                node.attributes[name] = ir.AttrTensors(
+                    name, [ir.tensor(t.numpy(), name=t.name) if isinstance(t, ir.ExternalTensor) else t
+                           for t in attr.value])
+                count += 1
+    return count
+
+
 def save_model(model, out_dir: str | Path, *, threshold: int = EXTERNAL_DATA_THRESHOLD,
                progress: bool = False) -> Path:
     """Writes `model` (onnx_ir.Model) as out_dir/model.onnx with initializers of
     `threshold` bytes or more in out_dir/model.onnx_data (a bar per tensor
-    written when `progress`: large models spend minutes here)."""
+    written when `progress`: large models spend minutes here). Attribute
+    tensors the source kept externally go into the graph first."""
     import onnx_ir as ir
     from tqdm.auto import tqdm
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / MODEL_FILE
+    inline_attribute_tensors(model)
     for stale in (path, out / DATA_FILE):
         stale.unlink(missing_ok=True)
     with tqdm(desc="writing weights", unit="tensor", disable=not progress, leave=False) as bar:
