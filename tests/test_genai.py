@@ -35,6 +35,7 @@ NEW_TOKENS = 20
 # Both sides run the same float32 graph; only the summation order of the
 # HinaMoE nodes differs (errors ~1e-6 on logits of size ~10).
 ATOL, RTOL = 2e-4, 2e-4
+QUANT_ATOL = 2e-2  # x the largest |logit|: quantised models against the CPU EP (see the test)
 
 # (arch, precision) pairs the builder makes for the CPU (gpt-oss int4/int8
 # from the MXFP4 expert tensors the tiny checkpoint gets, as the released one has).
@@ -42,7 +43,7 @@ CASES = [(a, p) for a in ("gpt_oss", "lfm2_moe") for p in ("fp32", "int4", "int8
 
 
 def hinamoe_ops() -> set[str]:
-    """Op types HinaMoE registers kernels for (QMoE joins once it has one)."""
+    """Op types HinaMoE registers kernels for."""
     from onnxruntime.capi import onnxruntime_pybind11_state as C
 
     return {k.op_name for k in C.get_registered_ep_kernel_defs(hinamoe.get_ep_name())}
@@ -120,9 +121,17 @@ def test_greedy_generation_matches_cpu_ep(arch, precision, genai_models, tmp_pat
 
     assert len(got_tokens) == NEW_TOKENS
     assert got_tokens == want_tokens, f"{arch} {precision}: HinaMoE {got_tokens} vs CPU EP {want_tokens}"
+    # Quantised models: HinaMoE's scalar `ref` tier, which computes
+    # (q - zp) * scale * x term by term, differs from the CPU EP as much as
+    # the default tier does (up to ~0.5% of the logits' range by step 10 on
+    # some prompts, on either tier: the tiny random models amplify last-bit
+    # differences of any kernel, e.g. through near ties in routing), so the
+    # logits are checked at that scale there; the kernels' own precision is
+    # checked op by op against float64 (test_qmoe_ep.py, the C++ tests).
+    atol = ATOL if precision == "fp32" else QUANT_ATOL * max(float(np.abs(w).max()) for w in want_logits)
     for step, (g, w) in enumerate(zip(got_logits, want_logits)):
         err = np.abs(g.astype(np.float64) - w)
-        assert np.all(err <= ATOL + RTOL * np.abs(w)), f"step {step}: logits max error {err.max():.3g}"
+        assert np.all(err <= atol + RTOL * np.abs(w)), f"step {step}: logits max error {err.max():.3g} (atol {atol:.3g})"
 
     profiles = glob.glob(prefix + "*.json")
     assert len(profiles) == 1, profiles
