@@ -189,11 +189,26 @@ HINAMOE_AVX512_FN void micro(const typename Elem<DT>::T* w, int64_t K, int64_t l
 }
 
 // Rows per micro-kernel call for a token tile of T, within the 32 zmm
-// registers (R*T accumulators + min(R, T) + 1 live).
+// registers (R*T accumulators + min(R, T) + 1 live). In-cache A/B on Zen 5
+// (hinamoe_kernel_bench --incache, noisy shared machine): 8 rows at 2
+// tokens beat 12 (bf16 +5-10%, f32 +10-30%), 6 rows at 3 tokens beat 8
+// (bf16/f16 +5-15%); 12 or 16 rows at 1 token and 4 or 5 at 4 tokens showed
+// no consistent gain.
 #ifndef HINAMOE_AVX512_R1
 #define HINAMOE_AVX512_R1 8
 #endif
-constexpr int rows_for(int T) { return T == 1 ? HINAMOE_AVX512_R1 : T == 2 ? 12 : T == 3 ? 8 : 6; }
+#ifndef HINAMOE_AVX512_R2
+#define HINAMOE_AVX512_R2 8
+#endif
+#ifndef HINAMOE_AVX512_R3
+#define HINAMOE_AVX512_R3 6
+#endif
+#ifndef HINAMOE_AVX512_R4
+#define HINAMOE_AVX512_R4 6
+#endif
+constexpr int rows_for(int T) {
+  return T == 1 ? HINAMOE_AVX512_R1 : T == 2 ? HINAMOE_AVX512_R2 : T == 3 ? HINAMOE_AVX512_R3 : HINAMOE_AVX512_R4;
+}
 // Row blocks of gemm_rows_impl are multiples of every R above (no leftovers
 // inside a range).
 constexpr int64_t kRowMultiple = 24;
