@@ -29,6 +29,12 @@
 #ifndef HINAMOE_AVX512_PF_DIST
 #define HINAMOE_AVX512_PF_DIST 1024
 #endif
+#ifndef HINAMOE_AVX512_LIN_MAX
+#define HINAMOE_AVX512_LIN_MAX 48
+#endif
+#ifndef HINAMOE_AVX512_LIN_L1
+#define HINAMOE_AVX512_LIN_L1 24
+#endif
 
 namespace hinamoe {
 namespace {
@@ -153,7 +159,7 @@ HINAMOE_AVX512_FN void micro(const typename Elem<DT>::T* w, int64_t K, int64_t l
   // the row's end into the same row of the next block.
   constexpr int64_t step_bytes = R * 16 * int64_t(sizeof(E));
   const int64_t block_bytes = R * K * int64_t(sizeof(E));
-  const int lin = ldw != K || block_bytes > 48 * 1024 ? 0 : block_bytes > 24 * 1024 ? 2 : 1;
+  const int lin = ldw != K || block_bytes > HINAMOE_AVX512_LIN_MAX * 1024 ? 0 : block_bytes > HINAMOE_AVX512_LIN_L1 * 1024 ? 2 : 1;
   const char* next_block = reinterpret_cast<const char*>(w + R * ldw);
   const int64_t K16 = K & ~int64_t(15);
   for (int64_t k = 0; k < K16; k += 16) {
