@@ -7,6 +7,7 @@
 // Only the functions below carry the target attribute; the file itself is
 // built for baseline x86-64, so no header inline function gets an AVX-512
 // body that the linker could hand to code running on an older CPU.
+//
 // GCC 12 warns about the self-initialised _mm512_undefined_*() inside some
 // AVX-512 intrinsics once they are inlined into target functions (a false
 // positive in the header, not about this file's variables).
@@ -24,8 +25,10 @@
 #define HINAMOE_AVX512_FN __attribute__((target(HINAMOE_AVX512_TARGET)))
 #define HINAMOE_AVX512_INLINE __attribute__((target(HINAMOE_AVX512_TARGET), always_inline)) inline
 
-// Software prefetch on the weight stream, bytes ahead of the current load
-// (0 = none), as in the avx2 tier (its scheme and default distance).
+// Software prefetch on the weight stream, as in the avx2 tier (its scheme
+// and defaults): PF_DIST bytes ahead of the current load (0 = none), or,
+// for contiguous blocks up to LIN_MAX KiB, the next block linearly (into L1
+// up to LIN_L1 KiB). Knobs for A/B runs; see micro().
 #ifndef HINAMOE_AVX512_PF_DIST
 #define HINAMOE_AVX512_PF_DIST 1024
 #endif
@@ -153,13 +156,15 @@ HINAMOE_AVX512_FN void micro(const typename Elem<DT>::T* w, int64_t K, int64_t l
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   // Prefetch as the avx2 tier does (see there why): short contiguous blocks
-  // (<= 48 KiB) prefetch the next block as one linear stream, as many bytes
-  // per step as the step consumes, into L1 up to 24 KiB, else into L2;
-  // otherwise per row, HINAMOE_AVX512_PF_DIST bytes ahead, running on past
-  // the row's end into the same row of the next block.
+  // (<= LIN_MAX KiB) prefetch the next block as one linear stream, as many
+  // bytes per step as the step consumes, into L1 up to LIN_L1 KiB, else into
+  // L2; otherwise per row, PF_DIST bytes ahead, running on past the row's
+  // end into the same row of the next block.
   constexpr int64_t step_bytes = R * 16 * int64_t(sizeof(E));
   const int64_t block_bytes = R * K * int64_t(sizeof(E));
-  const int lin = ldw != K || block_bytes > HINAMOE_AVX512_LIN_MAX * 1024 ? 0 : block_bytes > HINAMOE_AVX512_LIN_L1 * 1024 ? 2 : 1;
+  const int lin = ldw != K || block_bytes > HINAMOE_AVX512_LIN_MAX * 1024 ? 0
+                  : block_bytes > HINAMOE_AVX512_LIN_L1 * 1024               ? 2
+                                                                               : 1;
   const char* next_block = reinterpret_cast<const char*>(w + R * ldw);
   const int64_t K16 = K & ~int64_t(15);
   for (int64_t k = 0; k < K16; k += 16) {
