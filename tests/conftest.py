@@ -99,7 +99,7 @@ CPU_EP_F16_MOE_OK = _ort_version() >= (1, 32)
 
 def available_isas() -> list[str]:
     """Kernel tiers this CPU runs (amx-emu always: it is the emulator)."""
-    return [isa for isa in ("ref", "avx2", "amx", "amx-emu") if not hinamoe.tier_unavailable_reason(isa)]
+    return [isa for isa in ("ref", "avx2", "avx512", "amx", "amx-emu") if not hinamoe.tier_unavailable_reason(isa)]
 
 
 def require_isa(isa: str) -> None:

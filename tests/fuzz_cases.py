@@ -43,7 +43,7 @@ from moe_cases import ACT_FUSIONS, random_config
 from moe_reference import check_close as moe_check_close
 from moe_reference import reference_for
 
-ISAS = ("ref", "avx2", "amx-emu")
+ISAS = ("ref", "avx2", "avx512", "amx-emu")
 DTYPES = ("float32", "float16", "bfloat16")
 NODE = "gqa"  # the node name build_gqa_model gives
 

@@ -15,7 +15,7 @@ from moe_cases import (ACT_FUSION_IDS, ACT_FUSIONS, DTYPES, check_ep_against_ref
                        random_config)
 from moe_reference import check_close, reference_for
 
-ISAS = ["ref", "avx2", "amx"]  # amx skips where the CPU lacks it
+ISAS = ["ref", "avx2", "avx512", "amx"]  # avx512 / amx skip where the CPU lacks them
 
 
 @pytest.mark.parametrize("isa", ISAS)

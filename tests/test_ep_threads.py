@@ -11,7 +11,7 @@ from hinamoe.models import MoEConfig, build_moe_model, random_input, random_logi
 from moe_reference import check_close, reference_for
 
 
-@pytest.mark.parametrize("isa", ["ref", "avx2"])
+@pytest.mark.parametrize("isa", ["ref", "avx2", "avx512"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_concurrent_runs_one_session(dtype, isa, rng, seed):
     require_isa(isa)

@@ -22,7 +22,7 @@ from moe_reference import check_close, reference_for
 
 @pytest.mark.parametrize("nodes", [2, 4, 8])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("isa", ["ref", "avx2", "amx-emu"])
+@pytest.mark.parametrize("isa", ["ref", "avx2", "avx512", "amx-emu"])
 def test_fake_topologies_match_reference(nodes, dtype, isa, rng, seed):
     require_isa(isa)
     act, fusion = ACT_FUSIONS[int(rng.integers(len(ACT_FUSIONS)))]

@@ -152,6 +152,6 @@ def test_gqa_tier():
     hm = hinamoe
     want = "avx2" if hm.best_tier() == "amx" else hm.best_tier()
     assert hm.gqa_tier() == hm.gqa_tier("auto") == want
-    for isa in ("ref", "avx2", "amx", "amx-emu"):
+    for isa in ("ref", "avx2", "avx512", "amx", "amx-emu"):
         assert hm.gqa_tier(isa) == ("" if hm.tier_unavailable_reason(isa) else isa)
     assert hm.gqa_tier("nope") == ""

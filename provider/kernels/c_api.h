@@ -46,7 +46,7 @@ HINAMOE_API void hinamoe_read_probe_free(HinamoeReadProbe* probe);
    independent 256-bit FMA chains (the compute roofline); 0 without AVX2/FMA. */
 HINAMOE_API double hinamoe_fma_peak_per_s(int threads);
 
-/* Best tier this CPU runs ("amx", "avx2" or "ref"). Static string. */
+/* Best tier this CPU runs ("amx", "avx512", "avx2" or "ref"). Static string. */
 HINAMOE_API const char* hinamoe_best_tier(void);
 
 /* "" when the tier runs here, else why not (unknown name, missing ISA).
@@ -58,14 +58,14 @@ HINAMOE_API const char* hinamoe_tier_unavailable_reason(const char* name);
  * or "" where `name` cannot run here. Static string. */
 HINAMOE_API const char* hinamoe_gqa_tier(const char* name);
 
-/* Names accepted as `tier` below ("auto, amx, avx2, ref, amx-emu"). Static string. */
+/* Names accepted as `tier` below ("auto, amx, avx512, avx2, ref, amx-emu"). Static string. */
 HINAMOE_API const char* hinamoe_tier_names(void);
 
 /* Runs the MoE block (see provider/kernels/moe_ffn.h for the semantics).
  * dtype: 0 float32, 1 float16, 2 bfloat16 (raw bits for 16-bit types).
  * activation: 0 relu, 1 gelu, 2 silu, 3 identity, 4 swiglu, 5 geglu, 6 relu2.
  * gate_layout: 0 separate (fc3 = up), 1 interleaved, 2 stacked.
- * Biases and fc3 may be NULL. tier: "auto", "avx2" or "ref" (NULL = auto).
+ * Biases and fc3 may be NULL. tier: one of hinamoe_tier_names() (NULL = auto).
  * threads: how many std::threads run it (<= 1: the calling thread only).
  * Returns 0 on success; otherwise non-zero with a message in err[err_len]
  * (NUL-terminated, truncated to fit; err may be NULL). */

@@ -1,5 +1,6 @@
 // Which tiers this CPU runs: CPUID for the instructions, XGETBV for whether
-// the OS saves YMM state (without it AVX code faults even if CPUID says yes).
+// the OS saves the register state they use (YMM; for AVX-512 also the
+// opmask and ZMM registers): without it AVX code faults even if CPUID says yes.
 #include <cstdint>
 #include <cstring>
 
@@ -16,6 +17,7 @@ namespace {
 
 struct Features {
   bool avx2 = false, fma = false, f16c = false, os_ymm = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, os_zmm = false;
 };
 
 Features detect() {
@@ -29,9 +31,16 @@ Features detect() {
   if (osxsave && avx) {
     uint32_t lo = 0, hi = 0;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    f.os_ymm = (lo & 0x6u) == 0x6u;  // XMM and YMM state enabled
+    f.os_ymm = (lo & 0x6u) == 0x6u;    // XMM and YMM state enabled
+    f.os_zmm = (lo & 0xe6u) == 0xe6u;  // and opmask, ZMM0-15 upper halves, ZMM16-31
   }
-  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) f.avx2 = (b >> 5) & 1u;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+    f.avx2 = (b >> 5) & 1u;
+    f.avx512f = (b >> 16) & 1u;
+    f.avx512dq = (b >> 17) & 1u;
+    f.avx512bw = (b >> 30) & 1u;
+    f.avx512vl = (b >> 31) & 1u;
+  }
 #endif
   return f;
 }
@@ -43,7 +52,7 @@ const Features& features() {
 
 }  // namespace
 
-const char* tier_names() { return "auto, amx, avx2, ref, amx-emu"; }
+const char* tier_names() { return "auto, amx, avx512, avx2, ref, amx-emu"; }
 
 std::string tier_unavailable_reason(const std::string& name) {
   if (name == "ref" || name == "amx-emu") return "";
@@ -65,12 +74,32 @@ std::string tier_unavailable_reason(const std::string& name) {
     return "";
 #endif
   }
+  if (name == "avx512") {
+#ifndef HINAMOE_X86
+    return "tier avx512 needs an x86-64 CPU";
+#else
+    const Features& f = features();
+    std::string missing;
+    if (!f.avx512f) missing += " AVX512F";
+    if (!f.avx512bw) missing += " AVX512BW";
+    if (!f.avx512vl) missing += " AVX512VL";
+    if (!f.avx512dq) missing += " AVX512DQ";
+    if (!f.avx2) missing += " AVX2";  // the kernels are compiled with these too
+    if (!f.fma) missing += " FMA";
+    if (!f.f16c) missing += " F16C";
+    if (!missing.empty()) return "tier avx512 needs CPU support for" + missing;
+    if (!f.os_zmm)
+      return "tier avx512 needs the OS to save ZMM and opmask registers (XGETBV says it does not)";
+    return "";
+#endif
+  }
   return "unknown kernel tier '" + name + "' (expected one of: " + tier_names() + ")";
 }
 
 std::vector<std::string> supported_tiers() {
   std::vector<std::string> out;
   if (tier_unavailable_reason("amx").empty()) out.push_back("amx");
+  if (tier_unavailable_reason("avx512").empty()) out.push_back("avx512");
   if (tier_unavailable_reason("avx2").empty()) out.push_back("avx2");
   out.push_back("ref");
   out.push_back("amx-emu");
@@ -87,6 +116,7 @@ const KernelTier* select_tier(const std::string& name, std::string* error) {
   if (error) error->clear();
   if (want == "amx") return &amx_tier();
   if (want == "amx-emu") return &amx_emu_tier();
+  if (want == "avx512") return &avx512_tier();
   return want == "avx2" ? &avx2_tier() : &ref_tier();
 }
 

@@ -70,11 +70,12 @@ struct KernelTier {
 // Tiers compiled into this build.
 const KernelTier& ref_tier();
 const KernelTier& avx2_tier();     // only where tier_unavailable_reason("avx2") is ""
+const KernelTier& avx512_tier();   // only where tier_unavailable_reason("avx512") is ""
 const KernelTier& amx_tier();      // only where tier_unavailable_reason("amx") is ""
 const KernelTier& amx_emu_tier();  // the AMX kernels on the software tile emulator (slow; tests)
 
-// Tier names, best first, that this CPU can run ("amx", "avx2", "ref",
-// "amx-emu"; the emulator is always listed last: it is for tests).
+// Tier names, best first, that this CPU can run ("amx", "avx512", "avx2",
+// "ref", "amx-emu"; the emulator is always listed last: it is for tests).
 std::vector<std::string> supported_tiers();
 // Why a tier cannot run here ("" if it can). Unknown names say so.
 std::string tier_unavailable_reason(const std::string& name);

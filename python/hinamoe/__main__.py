@@ -21,7 +21,7 @@ def main() -> int:
     if gqa != best:
         print(f"GQA tier     {gqa}  (isa=auto runs GroupQueryAttention on {gqa} here; isa={best} picks {best})")
     notes = {"amx-emu": " (AMX kernels on the software tile emulator: slow, for tests)"}
-    for name in ("amx", "avx2", "ref", "amx-emu"):
+    for name in ("amx", "avx512", "avx2", "ref", "amx-emu"):
         why = hinamoe.tier_unavailable_reason(name)
         state = "available" + notes.get(name, "") if not why else "unavailable: " + why
         print(f"  {name:<8} {state}")

@@ -1,5 +1,6 @@
 // Tier selection, the thread pool, the bandwidth probe, the C ABI and
 // concurrent calls.
+#include <algorithm>
 #include <atomic>
 #include <stdexcept>
 #include <thread>
@@ -19,16 +20,33 @@ TEST(tier_selection) {
   ht::check(a != nullptr && err.empty(), "auto resolves: " + err);
   ht::check(a && std::string(a->name) == supported_tiers().front(), "auto = best supported tier");
   ht::check(select_tier("ref", &err) == &ref_tier(), "ref always available");
-  ht::check(select_tier("avx512", &err) == nullptr && err.find("avx2") != std::string::npos &&
-                err.find("ref") != std::string::npos,
+  ht::check(select_tier("avx1024", &err) == nullptr && err.find("avx512") != std::string::npos &&
+                err.find("avx2") != std::string::npos && err.find("ref") != std::string::npos,
             "unknown tier lists the names: " + err);
+  // Each ISA tier: selectable exactly where it has no reason against it, and
+  // then listed by supported_tiers(), avx512 before avx2.
+  for (const char* name : {"amx", "avx512", "avx2"}) {
+    const std::string why = tier_unavailable_reason(name);
+    const KernelTier* t = select_tier(name, &err);
+    const auto& st = supported_tiers();
+    const bool listed = std::find(st.begin(), st.end(), name) != st.end();
+    CHECK_MSG(why.empty() ? (t != nullptr && std::string(t->name) == name && err.empty() && listed)
+                          : (t == nullptr && err == why && why.find(name) != std::string::npos && !listed),
+              name << ": reason '" << why << "', select error '" << err << "'");
+  }
+  if (tier_unavailable_reason("avx512").empty()) {
+    const auto& st = supported_tiers();
+    CHECK(std::find(st.begin(), st.end(), "avx512") < std::find(st.begin(), st.end(), "avx2"));
+  }
   ht::check(!tier_unavailable_reason("bogus").empty(), "unknown tier has a reason");
   // tier.h: best first; the emulator (tests only) always last, right after ref.
   const std::vector<std::string> st = supported_tiers();
   ht::check(st.size() >= 2 && st.back() == "amx-emu" && st[st.size() - 2] == "ref", "ref is the last real tier, amx-emu last");
   std::printf("  tiers here:");
   for (auto& t : supported_tiers()) std::printf(" %s", t.c_str());
-  std::printf("  (avx2: %s)\n", tier_unavailable_reason("avx2").empty() ? "yes" : tier_unavailable_reason("avx2").c_str());
+  for (const char* name : {"avx512", "avx2"})
+    std::printf("  (%s: %s)", name, tier_unavailable_reason(name).empty() ? "yes" : tier_unavailable_reason(name).c_str());
+  std::printf("\n");
   ht::check(std::string(hinamoe_best_tier()) == supported_tiers().front(), "C ABI best tier");
   ht::check(std::string(hinamoe_tier_unavailable_reason("ref")).empty(), "C ABI ref reason empty");
   ht::check(!std::string(hinamoe_tier_unavailable_reason("nope")).empty(), "C ABI unknown reason");

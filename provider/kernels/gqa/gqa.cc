@@ -604,6 +604,7 @@ const GqaTier* select_gqa_tier(const std::string& name, std::string* error) {
   if (got == "amx") return name == "auto" ? &gqa_avx2_tier() : &gqa_amx_tier();
   if (got == "amx-emu") return &gqa_amx_emu_tier();
   if (got == "avx2") return &gqa_avx2_tier();
+  if (got == "avx512") return &gqa_avx512_tier();
   return &gqa_ref_tier();
 }
 

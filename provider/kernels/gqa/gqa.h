@@ -199,6 +199,7 @@ GqaAvx2Knobs& gqa_avx2_knobs();
 
 const GqaTier& gqa_ref_tier();
 const GqaTier& gqa_avx2_tier();  // only where tier_unavailable_reason("avx2") is ""
+const GqaTier& gqa_avx512_tier();  // the avx2 kernels, named "avx512"; where that tier runs
 
 // Resolves "auto" or a tier name (the names of select_tier in
 // cpu_features.cc) to a GQA tier. "amx" / "amx-emu" run bf16 K/V on the AMX

@@ -541,4 +541,14 @@ const GqaTier& gqa_avx2_tier() {
   return t;
 }
 
+// No AVX-512 GQA kernel yet: the avx512 tier runs these avx2 kernels.
+const GqaTier& gqa_avx512_tier() {
+  static const GqaTier t = [] {
+    GqaTier x = gqa_avx2_tier();
+    x.name = "avx512";
+    return x;
+  }();
+  return t;
+}
+
 }  // namespace hinamoe

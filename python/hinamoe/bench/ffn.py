@@ -98,7 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=csv(int), default=None, metavar="T,...",
                    help="intra_op_num_threads values (default: 1,2)")
     g.add_argument("--isa", default="auto",
-                   help="HinaMoE kernel tier: auto, ref, avx2, ... (default: auto)")
+                   help="HinaMoE kernel tier: auto, avx512, avx2, ref, ... (default: auto)")
     g.add_argument("--numa-sim", type=int, default=0, metavar="N", choices=[0, 2, 4, 8],
                    help="run HinaMoE under a simulated N-node topology (provider option "
                         "numa=fake:N; 2, 4 or 8): shows what the NUMA partitioning costs on "

@@ -164,8 +164,8 @@ class Ggml:
     def _cpu_features(self) -> list[str]:
         """The SIMD extensions this ggml build was compiled for and uses here
         (ggml_cpu_has_*): with -DGGML_NATIVE=ON on an AVX-512 machine ggml's
-        bf16/f16/f32 dot products are AVX-512 code, which HinaMoE's avx2 tier
-        is not."""
+        bf16/f16/f32 dot products are AVX-512 code, as HinaMoE's avx512 tier
+        is (not its avx2 tier)."""
         out = []
         for name in _CPU_FEATURES:
             f = self._lookup(f"ggml_cpu_has_{name}")

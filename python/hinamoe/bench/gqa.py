@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="element types of the node: f32, f16, bf16 (default: f32; "
                         "bf16 runs on HinaMoE only: ORT's CPU EP has no bf16 GQA)")
     g.add_argument("--isa", default="auto",
-                   help="HinaMoE kernel tier: auto, ref, avx2, ... (default: auto)")
+                   help="HinaMoE kernel tier: auto, avx512, avx2, ref, ... (default: auto)")
     g.add_argument("--no-rotary", action="store_true",
                    help="a node without rotary (default: do_rotary=1 with cos/sin caches)")
     g.add_argument("--no-cpu-ep", action="store_true",

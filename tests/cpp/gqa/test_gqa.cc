@@ -932,4 +932,12 @@ TEST(gqa_tier_selection) {
   CHECK(select_gqa_tier("nonsense", &err) == nullptr);
   CHECK_MSG(err.find("nonsense") != std::string::npos, err);
   if (tier_unavailable_reason("avx2").empty()) CHECK(select_gqa_tier("avx2", &err) == &gqa_avx2_tier());
+  // avx512 has no GQA kernel of its own: the avx2 kernels under its name.
+  const GqaTier* t512 = select_gqa_tier("avx512", &err);
+  if (tier_unavailable_reason("avx512").empty()) {
+    CHECK(t512 != nullptr && std::string(t512->name) == "avx512" && t512->chunk == gqa_avx2_tier().chunk &&
+          t512->chunk_f16 == gqa_avx2_tier().chunk_f16 && t512->chunk_bf16 == gqa_avx2_tier().chunk_bf16);
+  } else {
+    CHECK_MSG(t512 == nullptr && err == tier_unavailable_reason("avx512"), err);
+  }
 }

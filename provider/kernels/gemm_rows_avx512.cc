@@ -1,0 +1,318 @@
+// The AVX-512 tier: the register-blocked dot products of the avx2 tier
+// (gemm_rows_avx2.cc) on zmm registers: 16 lanes, 32 registers, so more
+// rows x tokens per micro-tile, and one masked step for the K tail. Weights
+// are read in place and widened exactly to float32 (f16 via vcvtph2ps, bf16
+// via zero-extend + shift); the tokens stay float32, as on the other tiers.
+//
+// Only the functions below carry the target attribute; the file itself is
+// built for baseline x86-64, so no header inline function gets an AVX-512
+// body that the linker could hand to code running on an older CPU.
+//
+// GCC 12 warns about the self-initialised _mm512_undefined_*() inside some
+// AVX-512 intrinsics once they are inlined into target functions (a false
+// positive in the header, not about this file's variables).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+
+#include "tier.h"
+
+#define HINAMOE_AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+#define HINAMOE_AVX512_FN __attribute__((target(HINAMOE_AVX512_TARGET)))
+#define HINAMOE_AVX512_INLINE __attribute__((target(HINAMOE_AVX512_TARGET), always_inline)) inline
+
+// Software prefetch on the weight stream, as in the avx2 tier (its scheme
+// and defaults): PF_DIST bytes ahead of the current load (0 = none), or,
+// for contiguous blocks up to LIN_MAX KiB, the next block linearly (into L1
+// up to LIN_L1 KiB). Knobs for A/B runs; see micro().
+#ifndef HINAMOE_AVX512_PF_DIST
+#define HINAMOE_AVX512_PF_DIST 1024
+#endif
+#ifndef HINAMOE_AVX512_LIN_MAX
+#define HINAMOE_AVX512_LIN_MAX 48
+#endif
+#ifndef HINAMOE_AVX512_LIN_L1
+#define HINAMOE_AVX512_LIN_L1 24
+#endif
+
+namespace hinamoe {
+namespace {
+
+template <DType DT> struct Elem { using T = uint16_t; };
+template <> struct Elem<DType::F32> { using T = float; };
+
+// 16 weights as float32; the masked form zeroes (and does not read) the
+// lanes outside m.
+template <DType DT>
+HINAMOE_AVX512_INLINE __m512 load16(const typename Elem<DT>::T* p) {
+  if constexpr (DT == DType::F32) {
+    return _mm512_loadu_ps(p);
+  } else if constexpr (DT == DType::F16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  } else {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+}
+
+template <DType DT>
+HINAMOE_AVX512_INLINE __m512 load16(const typename Elem<DT>::T* p, __mmask16 m) {
+  if constexpr (DT == DType::F32) {
+    return _mm512_maskz_loadu_ps(m, p);
+  } else if constexpr (DT == DType::F16) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+  } else {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+}
+
+template <DType DT, bool Masked>
+HINAMOE_AVX512_INLINE __m512 load_w(const typename Elem<DT>::T* p, __mmask16 m) {
+  if constexpr (Masked) return load16<DT>(p, m);
+  (void)m;
+  return load16<DT>(p);
+}
+
+template <bool Masked>
+HINAMOE_AVX512_INLINE __m512 load_x(const float* p, __mmask16 m) {
+  if constexpr (Masked) return _mm512_maskz_loadu_ps(m, p);
+  (void)m;
+  return _mm512_loadu_ps(p);
+}
+
+// Per 128-bit lane: [a0+a1, a2+a3, b0+b1, b2+b3] (the lanes of _mm256_hadd_ps).
+HINAMOE_AVX512_INLINE __m512 hadd(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Lane i of the result = the sum of the 16 lanes of v[i], for i < N <= 16
+// (the other lanes: 0). A transposing tree: two hadd levels leave, per
+// 128-bit lane, partial sums of four vectors; two levels of 128-bit lane
+// shuffles add up the lanes. About 3 instructions per sum instead of ~8 for
+// one reduction per vector.
+template <int N>
+HINAMOE_AVX512_INLINE __m512 hsum_lanes(const __m512* v) {
+  static_assert(N >= 1 && N <= 16, "one zmm of sums");
+  const __m512 z = _mm512_setzero_ps();
+  __m512 q[4];
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    const int i = 4 * g;
+    const __m512 a = i < N ? v[i] : z, b = i + 1 < N ? v[i + 1] : z;
+    const __m512 c = i + 2 < N ? v[i + 2] : z, d = i + 3 < N ? v[i + 3] : z;
+    q[g] = i < N ? hadd(hadd(a, b), hadd(c, d)) : z;
+  }
+  // q[g], 128-bit lane L: [sum of part L of v[4g] .. v[4g+3]].
+  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(q[0], q[1], 0x44), _mm512_shuffle_f32x4(q[0], q[1], 0xee));
+  const __m512 w1 = N > 8 ? _mm512_add_ps(_mm512_shuffle_f32x4(q[2], q[3], 0x44), _mm512_shuffle_f32x4(q[2], q[3], 0xee)) : z;
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xdd));
+}
+
+// One K step of the R x T tile: acc[r][t] += w row r * x row t over 16 (or,
+// masked, fewer) elements. Whichever of the R weight vectors or the T token
+// vectors is fewer stays in registers while the other streams through one:
+// R*T accumulators + min(R, T) + 1 live registers.
+template <DType DT, int R, int T, bool Masked>
+HINAMOE_AVX512_INLINE void step(const typename Elem<DT>::T* w, int64_t ldw, const float* x, int64_t ldx,
+                                __mmask16 m, __m512 (&acc)[R][T]) {
+  if constexpr (R <= T) {
+    __m512 wv[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) wv[r] = load_w<DT, Masked>(w + r * ldw, m);
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512 xv = load_x<Masked>(x + t * ldx, m);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  } else {
+    __m512 xv[T];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) xv[t] = load_x<Masked>(x + t * ldx, m);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 wv = load_w<DT, Masked>(w + r * ldw, m);
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+    }
+  }
+}
+
+// R weight rows x T tokens over the whole K:
+// y[t*ldy + r] (+)= dot(w row r, x row t) over K elements; rows are ldw apart.
+template <DType DT, int R, int T>
+HINAMOE_AVX512_FN void micro(const typename Elem<DT>::T* w, int64_t K, int64_t ldw, const float* x, int64_t ldx,
+                             float* y, int64_t ldy, bool accumulate) {
+  using E = typename Elem<DT>::T;
+  constexpr int64_t kPf = HINAMOE_AVX512_PF_DIST / int64_t(sizeof(E));
+  __m512 acc[R][T];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  // Prefetch as the avx2 tier does (see there why): short contiguous blocks
+  // (<= LIN_MAX KiB) prefetch the next block as one linear stream, as many
+  // bytes per step as the step consumes, into L1 up to LIN_L1 KiB, else into
+  // L2; otherwise per row, PF_DIST bytes ahead, running on past the row's
+  // end into the same row of the next block.
+  constexpr int64_t step_bytes = R * 16 * int64_t(sizeof(E));
+  const int64_t block_bytes = R * K * int64_t(sizeof(E));
+  const int lin = ldw != K || block_bytes > HINAMOE_AVX512_LIN_MAX * 1024 ? 0
+                  : block_bytes > HINAMOE_AVX512_LIN_L1 * 1024               ? 2
+                                                                               : 1;
+  const char* next_block = reinterpret_cast<const char*>(w + R * ldw);
+  const int64_t K16 = K & ~int64_t(15);
+  for (int64_t k = 0; k < K16; k += 16) {
+    if (lin != 0) {
+      const int64_t off = (k / 16) * step_bytes;
+      const char* pn = next_block + off;
+      for (int64_t b = 0; b < step_bytes && (step_bytes >= 64 || (off & 63) < step_bytes); b += 64) {
+        if (lin == 1) _mm_prefetch(pn + b, _MM_HINT_T0);
+        else _mm_prefetch(pn + b, _MM_HINT_T1);
+      }
+    } else if (HINAMOE_AVX512_PF_DIST > 0 && ((k * int64_t(sizeof(E))) & 63) == 0) {
+      const E* pf = k + kPf < K ? w + k + kPf : w + R * ldw + (k + kPf - K);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw), _MM_HINT_T0);
+    }
+    step<DT, R, T, false>(w + k, ldw, x + k, ldx, 0, acc);
+  }
+  // The tail: masked loads read only the K % 16 elements left (the lanes
+  // beyond are zero in both operands).
+  if (K16 < K) step<DT, R, T, true>(w + K16, ldw, x + K16, ldx, __mmask16((1u << (K - K16)) - 1), acc);
+  // Per token: the R row sums as one vector, one (masked) store.
+  constexpr __mmask16 rows_mask = __mmask16((1u << R) - 1);
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    __m512 col[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) col[r] = acc[r][t];
+    __m512 s = hsum_lanes<R>(col);
+    float* yp = y + t * ldy;
+    if (accumulate) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(rows_mask, yp));
+    _mm512_mask_storeu_ps(yp, rows_mask, s);
+  }
+}
+
+// Rows per micro-kernel call for a token tile of T, within the 32 zmm
+// registers (R*T accumulators + min(R, T) + 1 live). In-cache A/B on Zen 5
+// (hinamoe_kernel_bench --incache, noisy shared machine): 8 rows at 2
+// tokens beat 12 (bf16 +5-10%, f32 +10-30%), 6 rows at 3 tokens beat 8
+// (bf16/f16 +5-15%); 12 or 16 rows at 1 token and 4 or 5 at 4 tokens showed
+// no consistent gain.
+#ifndef HINAMOE_AVX512_R1
+#define HINAMOE_AVX512_R1 8
+#endif
+#ifndef HINAMOE_AVX512_R2
+#define HINAMOE_AVX512_R2 8
+#endif
+#ifndef HINAMOE_AVX512_R3
+#define HINAMOE_AVX512_R3 6
+#endif
+#ifndef HINAMOE_AVX512_R4
+#define HINAMOE_AVX512_R4 6
+#endif
+constexpr int rows_for(int T) {
+  return T == 1 ? HINAMOE_AVX512_R1 : T == 2 ? HINAMOE_AVX512_R2 : T == 3 ? HINAMOE_AVX512_R3 : HINAMOE_AVX512_R4;
+}
+// Row blocks of gemm_rows_impl are multiples of every R above (no leftovers
+// inside a range).
+constexpr int64_t kRowMultiple = 24;
+
+// Rows [nb0, nb1) against one token tile, over the K slice that W and x
+// already point at (kc elements of rows ldw apart).
+template <DType DT, int T>
+HINAMOE_AVX512_FN void rows_loop(const typename Elem<DT>::T* W, int64_t kc, int64_t ldw, int64_t nb0, int64_t nb1,
+                                 int64_t n0, const float* x, int64_t ldx, float* y, int64_t ldy, bool acc) {
+  constexpr int R = rows_for(T);
+  static_assert(R <= 16, "leftover rows are split into 8, 4, 2, 1");
+  int64_t n = nb0;
+  for (; n + R <= nb1; n += R) micro<DT, R, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc);
+  // Leftover rows (fewer than R): at most one call of each power of two.
+  if constexpr (R > 8) {
+    if (nb1 - n >= 8) { micro<DT, 8, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc); n += 8; }
+  }
+  if constexpr (R > 4) {
+    if (nb1 - n >= 4) { micro<DT, 4, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc); n += 4; }
+  }
+  if constexpr (R > 2) {
+    if (nb1 - n >= 2) { micro<DT, 2, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc); n += 2; }
+  }
+  if (nb1 - n >= 1) micro<DT, 1, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc);
+}
+
+// Rows ldw elements apart, K columns each (ldw == K: gemm_rows). The same
+// blocking as the avx2 tier: token tiles of 1..4, row blocks kept
+// cache-resident while the tiles pass over them, long rows in K slices.
+template <DType DT>
+HINAMOE_AVX512_INLINE void gemm_rows_impl(const void* Wv, int64_t ldw, int64_t K, int64_t n0, int64_t n1,
+                                          const float* X, int64_t ldx, int64_t M, float* Y, int64_t ldy) {
+  using E = typename Elem<DT>::T;
+  const E* W = static_cast<const E*>(Wv);
+  if (n1 <= n0 || M <= 0) return;
+  const int64_t ntiles = (M + 3) / 4;
+  const int64_t row_bytes = K * int64_t(sizeof(E));
+  const int64_t block_rows =
+      ntiles == 1 ? (n1 - n0)
+                  : std::max<int64_t>(kRowMultiple, ((96 * 1024) / std::max<int64_t>(row_bytes, 1)) / kRowMultiple *
+                                                        kRowMultiple);
+  const int64_t nk = ntiles == 1 || K <= 1536 ? 1 : (K + 1023) / 1024;
+  const int64_t kstep = nk == 1 ? K : ((K + nk - 1) / nk + 15) / 16 * 16;
+  for (int64_t nb = n0; nb < n1; nb += block_rows) {
+    const int64_t nbe = std::min(n1, nb + block_rows);
+    for (int64_t k0 = 0; k0 < K; k0 += kstep) {
+      const int64_t kc = std::min(kstep, K - k0);
+      const bool acc = k0 > 0;
+      int64_t m = 0;
+      for (int64_t tile = 0; tile < ntiles; ++tile) {
+        const int64_t T = (M - m) / (ntiles - tile) + (((M - m) % (ntiles - tile)) ? 1 : 0);
+        const float* x = X + m * ldx + k0;
+        float* y = Y + m * ldy;
+        const E* w = W + k0;
+        switch (T) {
+          case 1: rows_loop<DT, 1>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+          case 2: rows_loop<DT, 2>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+          case 3: rows_loop<DT, 3>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+          default: rows_loop<DT, 4>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+        }
+        m += T;
+      }
+    }
+  }
+}
+
+template <DType DT>
+HINAMOE_AVX512_FN void gemm_rows_avx512(const void* W, int64_t K, int64_t n0, int64_t n1, const float* X,
+                                        int64_t ldx, int64_t M, float* Y, int64_t ldy) {
+  gemm_rows_impl<DT>(W, K, K, n0, n1, X, ldx, M, Y, ldy);
+}
+
+template <DType DT>
+HINAMOE_AVX512_FN void gemm_rows_strided_avx512(const void* W, int64_t ldw, int64_t K, int64_t n0, int64_t n1,
+                                                const float* X, int64_t ldx, int64_t M, float* Y, int64_t ldy) {
+  gemm_rows_impl<DT>(W, ldw, K, n0, n1, X, ldx, M, Y, ldy);
+}
+
+}  // namespace
+
+const KernelTier& avx512_tier() {
+  static const KernelTier tier = [] {
+    KernelTier t;
+    t.name = "avx512";
+    t.gemm_rows[int(DType::F32)] = gemm_rows_avx512<DType::F32>;
+    t.gemm_rows[int(DType::F16)] = gemm_rows_avx512<DType::F16>;
+    t.gemm_rows[int(DType::BF16)] = gemm_rows_avx512<DType::BF16>;
+    t.gemm_rows_strided[int(DType::F32)] = gemm_rows_strided_avx512<DType::F32>;
+    t.gemm_rows_strided[int(DType::F16)] = gemm_rows_strided_avx512<DType::F16>;
+    t.gemm_rows_strided[int(DType::BF16)] = gemm_rows_strided_avx512<DType::BF16>;
+    return t;
+  }();
+  return tier;
+}
+
+}  // namespace hinamoe
