@@ -18,6 +18,7 @@ namespace {
 struct Features {
   bool avx2 = false, fma = false, f16c = false, os_ymm = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, os_zmm = false;
+  bool avx_vnni = false;  // VEX vpdpbusd on ymm
 };
 
 Features detect() {
@@ -41,6 +42,7 @@ Features detect() {
     f.avx512bw = (b >> 30) & 1u;
     f.avx512vl = (b >> 31) & 1u;
   }
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx_vnni = (a >> 4) & 1u;
 #endif
   return f;
 }
@@ -51,6 +53,12 @@ const Features& features() {
 }
 
 }  // namespace
+
+std::string avx_vnni_unavailable_reason() {
+  const std::string avx2 = tier_unavailable_reason("avx2");
+  if (!avx2.empty()) return avx2;
+  return features().avx_vnni ? "" : "CPU lacks AVX-VNNI (CPUID.7.1:EAX[4])";
+}
 
 const char* tier_names() { return "auto, amx, avx512, avx2, ref, amx-emu"; }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "gemm_rows_tiling.h"
 #include "tier.h"
 
 #define HINAMOE_AVX2_FN __attribute__((target("avx2,fma,f16c")))
@@ -150,49 +151,22 @@ HINAMOE_AVX2_FN void rows_loop(const typename Elem<DT>::T* W, int64_t kc, int64_
   }
 }
 
-// Rows ldw elements apart, K columns each (ldw == K: gemm_rows).
+// Rows ldw elements apart, K columns each (ldw == K: gemm_rows), in the
+// shared blocking (gemm_rows_tiling.h) over this tier's rows_loop.
 template <DType DT>
 HINAMOE_AVX2_INLINE void gemm_rows_impl(const void* Wv, int64_t ldw, int64_t K, int64_t n0, int64_t n1,
                                         const float* X, int64_t ldx, int64_t M, float* Y, int64_t ldy) {
   using E = typename Elem<DT>::T;
-  const E* W = static_cast<const E*>(Wv);
-  if (n1 <= n0 || M <= 0) return;
-  // Token tiles of 1..4, as even as possible (M=5 -> 3+2, M=7 -> 4+3, M=9 -> 3+3+3):
-  // small tiles waste loads, so avoid a lone 1-token tile.
-  const int64_t ntiles = (M + 3) / 4;
-  // Rows per block: their weights stay cache-resident while all token tiles
-  // pass over them, so DRAM sees each weight row once per call.
-  const int64_t row_bytes = K * int64_t(sizeof(E));
-  const int64_t block_rows =
-      ntiles == 1 ? (n1 - n0) : std::max<int64_t>(12, ((96 * 1024) / std::max<int64_t>(row_bytes, 1)) / 12 * 12);
-  // With several token tiles, split long rows into K slices of <= ~1024 so a
-  // tile of x (4 x 4 KiB) and the current rows stay in L1 while the tiles
-  // and rows of the block cycle; partial sums accumulate in Y.
-  const int64_t nk = ntiles == 1 || K <= 1536 ? 1 : (K + 1023) / 1024;
-  const int64_t kstep = nk == 1 ? K : ((K + nk - 1) / nk + 15) / 16 * 16;
-  for (int64_t nb = n0; nb < n1; nb += block_rows) {
-    const int64_t nbe = std::min(n1, nb + block_rows);
-    for (int64_t k0 = 0; k0 < K; k0 += kstep) {
-      const int64_t kc = std::min(kstep, K - k0);
-      const bool acc = k0 > 0;
-      int64_t m = 0;
-      for (int64_t tile = 0; tile < ntiles; ++tile) {
-        const int64_t T = (M - m) / (ntiles - tile) + (((M - m) % (ntiles - tile)) ? 1 : 0);
-        const float* x = X + m * ldx + k0;
-        float* y = Y + m * ldy;
-        const E* w = W + k0;
-        switch (T) {
-          case 1: rows_loop<DT, 1>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
-          case 2: rows_loop<DT, 2>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
-          case 3: rows_loop<DT, 3>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
-          default: rows_loop<DT, 4>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
-        }
-        m += T;
-      }
-    }
-  }
+  tile_gemm_rows(static_cast<const E*>(Wv), K, n0, n1, X, ldx, M, Y, ldy, 12,
+                 [&](int64_t T, const E* w, int64_t kc, int64_t nb, int64_t nbe, const float* x, float* y, bool acc) {
+                   switch (T) {
+                     case 1: rows_loop<DT, 1>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+                     case 2: rows_loop<DT, 2>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+                     case 3: rows_loop<DT, 3>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+                     default: rows_loop<DT, 4>(w, kc, ldw, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+                   }
+                 });
 }
-
 template <DType DT>
 HINAMOE_AVX2_FN void gemm_rows_avx2(const void* W, int64_t K, int64_t n0, int64_t n1, const float* X,
                                     int64_t ldx, int64_t M, float* Y, int64_t ldy) {

@@ -9,13 +9,8 @@
 #include <algorithm>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-
 #include "qgemm_avx2_common.h"
 #include "qmoe_ffn.h"
-#include "../tier.h"
 
 #define HQ_VNNI_FN __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define HQ_VNNI_INLINE __attribute__((target("avx2,fma,f16c,avxvnni"), always_inline)) inline
@@ -51,17 +46,6 @@ struct I8Dot {
 #undef HQ_I8_FN
 
 }  // namespace
-
-std::string avx_vnni_unavailable_reason() {
-#if defined(__x86_64__) || defined(__i386__)
-  if (!tier_unavailable_reason("avx2").empty()) return "needs the avx2 tier";
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !((a >> 4) & 1u)) return "CPU lacks AVX-VNNI (CPUID.7.1:EAX[4])";
-  return "";
-#else
-  return "needs an x86-64 CPU";
-#endif
-}
 
 const QuantKernels& quant_avx2_vnni() {
   static const QuantKernels q = [] {

@@ -123,9 +123,8 @@ struct QuantKernels {
 const QuantKernels& quant_ref();
 const QuantKernels& quant_avx2();  // only where tier_unavailable_reason("avx2") is ""
 // avx2's with the int8-token kernels on AVX-VNNI (vpdpbusd), only where
-// avx_vnni_unavailable_reason() is ""; the avx2 tier runs it where it can.
+// avx_vnni_unavailable_reason() (tier.h) is ""; the avx2 tier runs it where it can.
 const QuantKernels& quant_avx2_vnni();
-std::string avx_vnni_unavailable_reason();
 // AMX-INT8 for the int8-token path (qgemm_amx.cc; the float path is avx2's):
 // real tiles (only where amx_int8_unavailable_reason() is "") or the emulator.
 const QuantKernels& quant_amx();
