@@ -184,7 +184,7 @@ def test_rowwise_scales_rank3(rng):
     check_close(_run(hina_session(model), cfg, x, lg), qmoe_reference(cfg, x, lg, w), "float32", "[E,N,1]")
 
 
-@pytest.mark.parametrize("isa", ["ref", "avx2", "amx-emu"])
+@pytest.mark.parametrize("isa", ["ref", "avx2", "avx512", "amx-emu"])
 def test_every_isa_runs_qmoe(isa, rng):
     require_isa(isa)
     cfg = QMoEConfig(hidden=64, inter=32, experts=4, k=2, bits=4, block_size=32, dtype="bfloat16", fc2_bias=True)

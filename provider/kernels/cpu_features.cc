@@ -18,7 +18,8 @@ namespace {
 struct Features {
   bool avx2 = false, fma = false, f16c = false, os_ymm = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, os_zmm = false;
-  bool avx_vnni = false;  // VEX vpdpbusd on ymm
+  bool avx_vnni = false;     // VEX vpdpbusd on ymm
+  bool avx512_vnni = false;  // EVEX vpdpbusd on zmm
 };
 
 Features detect() {
@@ -41,6 +42,7 @@ Features detect() {
     f.avx512dq = (b >> 17) & 1u;
     f.avx512bw = (b >> 30) & 1u;
     f.avx512vl = (b >> 31) & 1u;
+    f.avx512_vnni = (c >> 11) & 1u;
   }
   if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx_vnni = (a >> 4) & 1u;
 #endif
@@ -58,6 +60,12 @@ std::string avx_vnni_unavailable_reason() {
   const std::string avx2 = tier_unavailable_reason("avx2");
   if (!avx2.empty()) return avx2;
   return features().avx_vnni ? "" : "CPU lacks AVX-VNNI (CPUID.7.1:EAX[4])";
+}
+
+std::string avx512_vnni_unavailable_reason() {
+  const std::string avx512 = tier_unavailable_reason("avx512");
+  if (!avx512.empty()) return avx512;
+  return features().avx512_vnni ? "" : "CPU lacks AVX512-VNNI (CPUID.7.0:ECX[11])";
 }
 
 const char* tier_names() { return "auto, amx, avx512, avx2, ref, amx-emu"; }

@@ -82,6 +82,9 @@ std::string tier_unavailable_reason(const std::string& name);
 // Why the avx2 tier cannot use AVX-VNNI (vpdpbusd on ymm; its int8-token
 // QMoE kernels, qmoe/qgemm_avx2_vnni.cc) here ("" if it can).
 std::string avx_vnni_unavailable_reason();
+// Why the avx512 tier cannot use AVX512-VNNI (vpdpbusd on zmm; its int8-token
+// QMoE kernels, qmoe/qgemm_avx512.cc) here ("" if it can).
+std::string avx512_vnni_unavailable_reason();
 // Resolves "auto" or a tier name to a tier. On failure returns nullptr and
 // sets *error (unknown name, or the CPU lacks the instructions).
 const KernelTier* select_tier(const std::string& name, std::string* error);

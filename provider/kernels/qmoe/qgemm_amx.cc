@@ -56,7 +56,7 @@ const QuantKernels& quant_amx() {
     QuantKernels t = tier_unavailable_reason("avx2").empty() ? quant_avx2() : quant_ref();
     t.name = "amx";
     t.gemm_i8[0] = t.gemm_i8[1] = qgemm_i8_amx_t<amx_qmoe_i8_block_amx>;
-    t.i8_even_odd = t.i8_pair32 = false;
+    t.i8_order = k_order;
     return t;
   }();
   return q;
@@ -67,7 +67,7 @@ const QuantKernels& quant_amx_emu() {
     QuantKernels t = tier_unavailable_reason("avx2").empty() ? quant_avx2() : quant_ref();
     t.name = "amx-emu";
     t.gemm_i8[0] = t.gemm_i8[1] = qgemm_i8_amx_t<amx_qmoe_i8_block_emu>;
-    t.i8_even_odd = t.i8_pair32 = false;
+    t.i8_order = k_order;
     return t;
   }();
   return q;

@@ -71,7 +71,7 @@ HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, flo
     for (int t = 0; t < T; ++t) Y[t * ldy + r] = hsum(tot[r][t]) + extra[r][t];
 }
 
-// 4-bit rows on tokens in even_odd order (QuantKernels::f_even_odd): 16
+// 4-bit rows on tokens in even_odd order (avx2_f_order): 16
 // codes are 8 bytes zero-extended to 8 int32 in one load; the low nibbles
 // (even elements) are one AND away, the high ones (odd elements) one shift,
 // so a code costs a quarter of the old broadcast/shift/AND, and both halves
@@ -309,6 +309,16 @@ struct I8Dot {
 #include "qgemm_i8_avx2.inc"
 #undef HQ_I8_FN
 
+// 4-bit float rows in EvenOdd order (micro_f4, micro_fq_b32); int8 codes
+// in Pair32 for 4-bit blocks of 32 in pairs without zero points, else EvenOdd.
+TokenOrder avx2_f_order(int bits, int64_t, int64_t, bool) {
+  return bits == 4 ? TokenOrder::EvenOdd : TokenOrder::KOrder;
+}
+TokenOrder avx2_i8_order(int bits, int64_t block, int64_t K, bool zero_points) {
+  if (bits != 4) return TokenOrder::KOrder;
+  return block == 32 && K % 64 == 0 && !zero_points ? TokenOrder::Pair32 : TokenOrder::EvenOdd;
+}
+
 }  // namespace
 
 const QuantKernels& quant_avx2() {
@@ -319,9 +329,8 @@ const QuantKernels& quant_avx2() {
     t.gemm[1] = qgemm_avx2<8>;
     t.gemm_i8[0] = qgemm_i8<4>;
     t.gemm_i8[1] = qgemm_i8<8>;
-    t.i8_even_odd = true;
-    t.i8_pair32 = true;
-    t.f_even_odd = true;
+    t.f_order = avx2_f_order;
+    t.i8_order = avx2_i8_order;
     return t;
   }();
   return q;

@@ -46,7 +46,6 @@ const QuantKernels& quant_ref() {
     t.name = "ref";
     t.gemm[0] = t.gemm[1] = qgemm_ref;
     t.gemm_i8[0] = t.gemm_i8[1] = qgemm_i8_ref;
-    t.i8_even_odd = false;
     return t;
   }();
   return q;

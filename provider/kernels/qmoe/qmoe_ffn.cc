@@ -84,17 +84,20 @@ struct Operand {
   std::vector<float> qscale;
   std::vector<int32_t> qsum;
   bool int8 = false;
-  TokenOrder order = TokenOrder::KOrder;  // of the int8 codes
-  bool x_even_odd = false;                // the float rows in EvenOdd order (float 4-bit kernels)
+  TokenOrder order = TokenOrder::KOrder;    // of the int8 codes
+  TokenOrder x_order = TokenOrder::KOrder;  // of the float rows
 
-  void init(int64_t R, int64_t K_, int64_t nb_, int64_t block_size, bool int8_, TokenOrder o, bool x_eo) {
+  // The orders come from the tier's kernels for this operand's weights
+  // (int8 operands quantise x from k order).
+  void init(const QuantKernels& qk, int bits, int64_t R, int64_t K_, int64_t nb_, int64_t block_size, bool int8_,
+            bool zero_points) {
     K = K_;
     nb = nb_;
     block = nb == 1 ? K : block_size;
     ld = padded_ld(K);
     int8 = int8_;
-    order = int8 ? o : TokenOrder::KOrder;
-    x_even_odd = x_eo && !int8;  // int8 operands quantise x in k order
+    order = int8 ? qk.i8_order(bits, block, K, zero_points) : TokenOrder::KOrder;
+    x_order = int8 ? TokenOrder::KOrder : qk.f_order(bits, block, K, zero_points);
     x.assign(size_t(R * ld), 0.0f);
     if (int8) {
       q.assign(size_t(R * ld), 0);
@@ -103,7 +106,7 @@ struct Operand {
     }
   }
   // Where element k of a float row goes.
-  int64_t pos(int64_t k) const { return x_even_odd ? token_pos(TokenOrder::EvenOdd, k, K) : k; }
+  int64_t pos(int64_t k) const { return token_pos(x_order, k, K); }
   // The int8 codes of rows [p0, p1) after x is written.
   void finish(int64_t p0, int64_t p1) {
     if (int8) quantize_rows(x.data(), ld, K, block, order, p0, p1, q.data(), qscale.data(), qsum.data(), ld, nb);
@@ -160,12 +163,10 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
   const bool i8_1 = qa.int8_activations && t.fc1_nb > 1 && (!t.fc3_w || t.fc3_nb == t.fc1_nb);
   const bool i8_2 = qa.int8_activations && t.fc2_nb > 1;
   Operand in1, in2;
-  const bool nibbles = qa.bits == 4;
-  // fc1 and fc3 share the operand: Pair32 only when both take it.
+  // fc1 and fc3 share the operand: an order for zero points when either has them.
   const bool zp1 = t.fc1_zp != nullptr || (t.fc3_w != nullptr && t.fc3_zp != nullptr);
-  in1.init(R, H, t.fc1_nb, qa.block_size, i8_1, qk.i8_order(qa.bits, qa.block_size, H, zp1), nibbles && qk.f_even_odd);
-  in2.init(R, I, t.fc2_nb, qa.block_size, i8_2, qk.i8_order(qa.bits, qa.block_size, I, t.fc2_zp != nullptr),
-           nibbles && qk.f_even_odd);
+  in1.init(qk, qa.bits, R, H, t.fc1_nb, qa.block_size, i8_1, zp1);
+  in2.init(qk, qa.bits, R, I, t.fc2_nb, qa.block_size, i8_2, t.fc2_zp != nullptr);
   std::vector<float> h1(size_t(R * N1)), y(size_t(R * H));
 
   // Gather each expert's tokens as float rows (+ int8 codes).
@@ -177,7 +178,7 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
       for (int64_t p = q0; p < q1; ++p) {
         float* dst = &in1.x[size_t(p * in1.ld)];
         const int64_t tok = routes.token[size_t(p)];
-        if (in1.x_even_odd) {
+        if (in1.x_order != TokenOrder::KOrder) {
           for (int64_t h = 0; h < H; ++h) dst[in1.pos(h)] = load_as_f32(in, tok * H + h, dt);
         } else {
           for (int64_t h = 0; h < H; ++h) dst[h] = load_as_f32(in, tok * H + h, dt);
@@ -284,10 +285,11 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
 const QuantKernels& quant_kernels_for(const KernelTier& tier) {
   if (std::strcmp(tier.name, "ref") == 0) return quant_ref();
   // amx / amx-emu: int8 tokens on AMX-INT8 tiles (real or emulated), the
-  // float path on avx2; avx2: the avx2 kernels where this CPU runs them,
-  // their int8-token path on AVX-VNNI where it has that.
+  // float path on avx2; avx512: the zmm kernels; avx2: the avx2 kernels
+  // where this CPU runs them, their int8-token path on AVX-VNNI where it has that.
   if (std::strcmp(tier.name, "amx") == 0 && amx_int8_unavailable_reason().empty()) return quant_amx();
   if (std::strcmp(tier.name, "amx-emu") == 0) return quant_amx_emu();
+  if (std::strcmp(tier.name, "avx512") == 0 && tier_unavailable_reason("avx512").empty()) return quant_avx512();
   if (tier_unavailable_reason("avx2").empty()) return avx_vnni_unavailable_reason().empty() ? quant_avx2_vnni() : quant_avx2();
   return quant_ref();
 }

@@ -60,22 +60,34 @@ struct QWeight {
 };
 
 // Where the elements of a token row sit, as a kernel reads them.
-//  KOrder:  k.
-//  EvenOdd: whole 16-element groups as [0,2,..,14, 1,3,..,15] (the nibbles'
-//           order: the low nibbles of 8 bytes, then their high ones); a
-//           shorter tail group in k order.
-//  Pair32:  blocks of 32 in pairs (K a multiple of 64): per 64 elements, the
-//           even elements of the first block, the even ones of the second,
-//           then the odd ones of each (16 each), so one 32-byte load of
-//           codes and one of tokens cover two blocks, a block per 128-bit lane.
-enum class TokenOrder : int { KOrder = 0, EvenOdd = 1, Pair32 = 2 };
+//  KOrder:    k.
+//  EvenOdd:   whole 16-element groups as [0,2,..,14, 1,3,..,15] (the nibbles'
+//             order: the low nibbles of 8 bytes, then their high ones); a
+//             shorter tail group in k order.
+//  EvenOdd32: the same on whole 32-element groups (16 bytes of codes: 16
+//             even elements, then 16 odd ones); a shorter tail in k order.
+//  Pair32:    blocks of 32 in pairs (K a multiple of 64): per 64 elements, the
+//             even elements of the first block, the even ones of the second,
+//             then the odd ones of each (16 each), so one 32-byte load of
+//             codes and one of tokens cover two blocks, a block per 128-bit lane.
+//  Quad32:    the same for four blocks per 128 elements (one 64-byte load,
+//             a block per 128-bit lane); a last group of 64 as Pair32.
+enum class TokenOrder : int { KOrder = 0, EvenOdd = 1, Pair32 = 2, EvenOdd32 = 3, Quad32 = 4 };
 
 inline int64_t token_pos(TokenOrder o, int64_t k, int64_t K) {
   if (o == TokenOrder::EvenOdd && (k | 15) < K) {
     const int64_t j = k & 15;
     return (k & ~int64_t(15)) + (j & 1 ? 8 + (j >> 1) : j >> 1);
   }
-  if (o == TokenOrder::Pair32) {
+  if (o == TokenOrder::EvenOdd32 && (k | 31) < K) {
+    const int64_t j = k & 31;
+    return (k & ~int64_t(31)) + (j & 1 ? 16 + (j >> 1) : j >> 1);
+  }
+  if (o == TokenOrder::Quad32 && (k | 127) < K) {
+    const int64_t j = k & 127, blk = j >> 5, i = j & 31;
+    return (k & ~int64_t(127)) + (i & 1) * 64 + blk * 16 + (i >> 1);
+  }
+  if (o == TokenOrder::Pair32 || o == TokenOrder::Quad32) {
     const int64_t j = k & 63, half = j >> 5, i = j & 31;
     return (k & ~int64_t(63)) + (i & 1) * 32 + half * 16 + (i >> 1);
   }
@@ -94,30 +106,28 @@ struct QTokens {
 };
 
 // Y[m*ldy + (n - n0)] = sum_k w[n, k] * X[m*ldx + k] for n in [n0, n1),
-// m < M, w dequantised as above (float arithmetic); 4-bit tokens in
-// EvenOdd order (token_pos) where the tier's f_even_odd says so.
+// m < M, w dequantised as above (float arithmetic); X in the order of the
+// tier's f_order (token_pos).
 using QGemmFn = void (*)(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M,
                          float* Y, int64_t ldy);
 // The same on int8 tokens (block = w.block, block-wise weights only).
 using QGemmI8Fn = void (*)(const QWeight& w, int64_t n0, int64_t n1, const QTokens& x, int64_t M, float* Y,
                            int64_t ldy);
 
-// The quantised kernels of a tier (index 0: 4-bit, 1: 8-bit). An AMX-INT8
-// tier adds its own table here beside these.
+// The token order a tier's kernel reads for a weight of `bits`, `block`
+// elements per scale (K when row-wise), row length K, with or without zero
+// points.
+using TokenOrderFn = TokenOrder (*)(int bits, int64_t block, int64_t K, bool zero_points);
+inline TokenOrder k_order(int, int64_t, int64_t, bool) { return TokenOrder::KOrder; }
+
+// The quantised kernels of a tier (index 0: 4-bit, 1: 8-bit) and the token
+// orders they read: f_order for the float rows, i8_order for the int8 codes.
 struct QuantKernels {
   const char* name = "";
   QGemmFn gemm[2] = {};
   QGemmI8Fn gemm_i8[2] = {};
-  bool i8_even_odd = false;  // 4-bit int8 tokens in EvenOdd order ...
-  bool i8_pair32 = false;    // ... or Pair32 where block 32 divides K in pairs and no zero points
-  bool f_even_odd = false;   // the float path wants 4-bit tokens in EvenOdd order
-
-  // The order of the int8 tokens for a weight of these parameters.
-  TokenOrder i8_order(int bits, int64_t block, int64_t K, bool zero_points) const {
-    if (bits != 4) return TokenOrder::KOrder;
-    if (i8_pair32 && block == 32 && K % 64 == 0 && !zero_points) return TokenOrder::Pair32;
-    return i8_even_odd ? TokenOrder::EvenOdd : TokenOrder::KOrder;
-  }
+  TokenOrderFn f_order = k_order;
+  TokenOrderFn i8_order = k_order;
 };
 
 const QuantKernels& quant_ref();
@@ -125,12 +135,17 @@ const QuantKernels& quant_avx2();  // only where tier_unavailable_reason("avx2")
 // avx2's with the int8-token kernels on AVX-VNNI (vpdpbusd), only where
 // avx_vnni_unavailable_reason() (tier.h) is ""; the avx2 tier runs it where it can.
 const QuantKernels& quant_avx2_vnni();
+// zmm kernels (qgemm_avx512.cc; int8 tokens on AVX512-VNNI where
+// avx512_vnni_unavailable_reason() is ""), only where
+// tier_unavailable_reason("avx512") is ""; what they do not cover runs on
+// the avx2 tier's kernels.
+const QuantKernels& quant_avx512();
 // AMX-INT8 for the int8-token path (qgemm_amx.cc; the float path is avx2's):
 // real tiles (only where amx_int8_unavailable_reason() is "") or the emulator.
 const QuantKernels& quant_amx();
 const QuantKernels& quant_amx_emu();
 // The quantised kernels a MoE tier runs (amx / amx-emu: AMX-INT8 for int8
-// tokens, avx2 or ref for the float path).
+// tokens, avx2 or ref for the float path; avx512: quant_avx512).
 const QuantKernels& quant_kernels_for(const KernelTier& tier);
 
 struct QMoETensors {

@@ -85,6 +85,7 @@ std::vector<const QuantKernels*> tiers() {
   std::vector<const QuantKernels*> v{&quant_ref()};
   if (tier_unavailable_reason("avx2").empty()) v.push_back(&quant_avx2());
   if (avx_vnni_unavailable_reason().empty()) v.push_back(&quant_avx2_vnni());
+  if (tier_unavailable_reason("avx512").empty()) v.push_back(&quant_avx512());
   return v;
 }
 
@@ -115,7 +116,7 @@ TEST(qmoe_gemm_float_matches_float64) {
           std::vector<float> Xk(X.size(), std::nanf(""));
           for (int64_t m = 0; m < M; ++m)
             for (int64_t k = 0; k < K; ++k)
-              Xk[size_t(m * ldx + (qk->f_even_odd && bits == 4 ? token_pos(TokenOrder::EvenOdd, k, K) : k))] = X[size_t(m * ldx + k)];
+              Xk[size_t(m * ldx + token_pos(qk->f_order(bits, w.view().block, K, zp), k, K))] = X[size_t(m * ldx + k)];
           qk->gemm[bits == 8](w.view(), n0, n1, Xk.data(), ldx, M, Y.data(), ldy);
           for (int64_t m = 0; m < M; ++m)
             for (int64_t n = n0; n < n1; ++n) {
@@ -298,6 +299,7 @@ TEST(qmoe_ffn_matches_float64_reference) {
   ThreadPool pool(3);
   std::vector<const KernelTier*> ks{&ref_tier()};
   if (tier_unavailable_reason("avx2").empty()) ks.push_back(&avx2_tier());
+  if (tier_unavailable_reason("avx512").empty()) ks.push_back(&avx512_tier());
   for (const KernelTier* tier : ks)
     for (int bits : {4, 8})
       for (int64_t block : {0, 32})
@@ -410,8 +412,9 @@ TEST(qmoe_tiers_map_to_quantised_kernels) {
     CHECK(got == (avx_vnni_unavailable_reason().empty() ? "avx2-vnni" : "avx2"));
   }
   CHECK(quant_kernels_for(amx_emu_tier()).gemm[0] == quant_kernels_for(avx2_tier()).gemm[0]);  // float path
-  if (tier_unavailable_reason("avx512").empty())  // the avx512 tier runs avx2's quantised kernels
-    CHECK(&quant_kernels_for(avx512_tier()) == &quant_kernels_for(avx2_tier()));
+  if (tier_unavailable_reason("avx512").empty())  // the avx512 tier: zmm kernels, int8 tokens on VNNI where it has it
+    CHECK(std::string(quant_kernels_for(avx512_tier()).name) ==
+          (avx512_vnni_unavailable_reason().empty() ? "avx512-vnni" : "avx512"));
   for (const QuantKernels* qk : {&quant_ref(), &quant_kernels_for(amx_emu_tier())})
     for (int b = 0; b < 2; ++b) CHECK(qk->gemm[b] != nullptr && qk->gemm_i8[b] != nullptr);
 }

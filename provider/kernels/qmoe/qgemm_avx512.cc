@@ -1,0 +1,409 @@
+// The avx512 tier's quantised kernels on zmm registers, codes decoded in
+// registers from the packed rows where they lie (as the avx2 kernels):
+//   float path, 4-bit: 16 bytes of codes zero-extended to 16 int32 by one
+//     load; vpermps looks each nibble up in a 16-entry table of the row's
+//     dequantised values (q - zp) * s for the block: the low nibbles as they
+//     are (vpermps reads only an index's low 4 bits), the high ones after one
+//     shift. 32 weights cost four instructions and no int-to-float
+//     conversion. Tokens in EvenOdd32 order.
+//   float path, 8-bit: 16 codes -> 16 int32 -> float -> weights by one FMA
+//     (q * s - zp * s), shared by the tokens.
+//   int8 tokens (accuracy_level 4) on AVX512-VNNI vpdpbusd, blocks of 32
+//     without zero points: 4-bit four blocks per 64-byte load (Quad32, a
+//     block per 128-bit lane), 8-bit two (a block per 256-bit half).
+// Weights these do not cover (groups that do not divide the blocks, the int8
+// path with zero points or other block sizes, CPUs without AVX512-VNNI) run
+// on the avx2 tier's kernels; the order functions below say which order each
+// case reads, so the driver gathers the tokens to match.
+//
+// GCC 12 warns about the self-initialised _mm512_undefined_*() inside some
+// AVX-512 intrinsics once inlined (a false positive in the header; see
+// gemm_rows_avx512.cc).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <vector>
+
+#include "qgemm_avx2_common.h"
+#include "qmoe_ffn.h"
+
+#define HZ_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+#define HZ_FN __attribute__((target(HZ_TARGET)))
+#define HZ_INLINE __attribute__((target(HZ_TARGET), always_inline)) inline
+#define HZ_VNNI_FN __attribute__((target(HZ_TARGET ",avx512vnni")))
+
+namespace hinamoe {
+namespace {
+
+using namespace qavx2;
+
+const QuantKernels& fallback() {
+  return avx_vnni_unavailable_reason().empty() ? quant_avx2_vnni() : quant_avx2();
+}
+
+bool has_vnni() {
+  static const bool v = avx512_vnni_unavailable_reason().empty();
+  return v;
+}
+
+// The zmm float kernels take blocks (K when row-wise) and K in whole groups of 32.
+bool zmm_float(int64_t block, int64_t K) { return K % 32 == 0 && block % 32 == 0; }
+
+// The zmm int8-token kernels: blocks of 32 without zero points, K a multiple of 64.
+bool zmm_i8(int64_t block, int64_t K, bool zero_points) {
+  return has_vnni() && !zero_points && block == 32 && K % 64 == 0;
+}
+
+TokenOrder avx512_f_order(int bits, int64_t block, int64_t K, bool zero_points) {
+  if (!zmm_float(block, K)) return fallback().f_order(bits, block, K, zero_points);
+  return bits == 4 ? TokenOrder::EvenOdd32 : TokenOrder::KOrder;
+}
+
+TokenOrder avx512_i8_order(int bits, int64_t block, int64_t K, bool zero_points) {
+  if (!zmm_i8(block, K, zero_points)) return fallback().i8_order(bits, block, K, zero_points);
+  return bits == 4 ? TokenOrder::Quad32 : TokenOrder::KOrder;
+}
+
+HZ_INLINE const void* scale_ptr(const QWeight& w, int64_t n, int64_t b, int esize) {
+  return static_cast<const char*>(w.scales) + (n * w.nb + b) * esize;
+}
+
+// 4 / 2 consecutive block scales of row n from block b, as floats.
+template <DType SDT>
+HZ_INLINE __m128 scales4(const QWeight& w, int64_t n, int64_t b) {
+  if constexpr (SDT == DType::F32) return _mm_loadu_ps(static_cast<const float*>(scale_ptr(w, n, b, 4)));
+  const __m128i h = _mm_loadl_epi64(static_cast<const __m128i*>(scale_ptr(w, n, b, 2)));
+  if constexpr (SDT == DType::F16) return _mm_cvtph_ps(h);
+  return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16));
+}
+
+template <DType SDT>
+HZ_INLINE __m128 scales2(const QWeight& w, int64_t n, int64_t b) {
+  if constexpr (SDT == DType::F32)
+    return _mm_castpd_ps(_mm_load_sd(static_cast<const double*>(scale_ptr(w, n, b, 4))));
+  int32_t two;
+  __builtin_memcpy(&two, scale_ptr(w, n, b, 2), 4);
+  const __m128i h = _mm_cvtsi32_si128(two);
+  if constexpr (SDT == DType::F16) return _mm_cvtph_ps(h);
+  return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16));
+}
+
+// ---------------------------------------------------------------- float path
+
+// Rows [n, n+R) x tokens [0, T) of 4-bit codes; X in EvenOdd32 order. Each
+// (row, block) gets its table of 16 dequantised values; each 32 codes are one
+// zero-extending load, a shift and two vpermps, shared by the T tokens. With
+// few tokens the even and odd halves accumulate apart, so the FMA chains
+// outnumber the FMA latency.
+template <int R, int T, DType SDT, bool ZP>
+HZ_FN void micro_f4(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
+  constexpr int A = T <= 2 ? 2 : 1;
+  const int64_t rb = w.row_bytes();
+  const int64_t pf = prefetch_ahead(rb, R);
+  const uint8_t* row[R];
+  for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
+  __m512 tot[A][R][T];
+  for (int a = 0; a < A; ++a)
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) tot[a][r][t] = _mm512_setzero_ps();
+  const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t b = 0; b < w.nb; ++b) {
+    const int64_t k0 = b * w.block, k1 = w.block_end(b);
+    __m512 tbl[R];
+    for (int r = 0; r < R; ++r) {
+      const float s = scale_at<SDT>(w, n + r, b);
+      // (q - zp) * s with one rounding where zp * s is exact (zp = 8: a power of two).
+      tbl[r] = _mm512_fmadd_ps(codes, _mm512_set1_ps(s), _mm512_set1_ps(-float(zero_at<4, ZP>(w, n + r, b)) * s));
+    }
+    for (int64_t k = k0; k < k1; k += 32) {
+      if ((k & 127) == 0)
+        for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + k / 2 + pf), _MM_HINT_T0);
+      for (int r = 0; r < R; ++r) {
+        const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row[r] + k / 2)));
+        const __m512 we = _mm512_permutexvar_ps(d, tbl[r]);
+        const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tbl[r]);
+        for (int t = 0; t < T; ++t) {
+          const float* x = X + t * ldx + k;
+          tot[0][r][t] = _mm512_fmadd_ps(we, _mm512_loadu_ps(x), tot[0][r][t]);
+          tot[A - 1][r][t] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(x + 16), tot[A - 1][r][t]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      __m512 s = tot[0][r][t];
+      if constexpr (A == 2) s = _mm512_add_ps(s, tot[1][r][t]);
+      Y[t * ldy + r] = _mm512_reduce_add_ps(s);
+    }
+}
+
+// The same for 8-bit codes in k order: 16 codes -> float -> q * s - zp * s.
+template <int R, int T, DType SDT, bool ZP>
+HZ_FN void micro_f8(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
+  constexpr int A = T <= 2 ? 2 : 1;
+  const int64_t rb = w.row_bytes();
+  const int64_t pf = prefetch_ahead(rb, R);
+  const uint8_t* row[R];
+  for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
+  __m512 tot[A][R][T];
+  for (int a = 0; a < A; ++a)
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) tot[a][r][t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < w.nb; ++b) {
+    const int64_t k0 = b * w.block, k1 = w.block_end(b);
+    __m512 sv[R], zv[R];
+    for (int r = 0; r < R; ++r) {
+      const float s = scale_at<SDT>(w, n + r, b);
+      sv[r] = _mm512_set1_ps(s);
+      zv[r] = _mm512_set1_ps(-float(zero_at<8, ZP>(w, n + r, b)) * s);
+    }
+    for (int64_t k = k0; k < k1; k += 32) {
+      if ((k & 63) == 0)
+        for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + k + pf), _MM_HINT_T0);
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h) {
+          const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[r] + k + 16 * h));
+          const __m512 wf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c)), sv[r], zv[r]);
+          const int a = h % A;
+          for (int t = 0; t < T; ++t)
+            tot[a][r][t] = _mm512_fmadd_ps(wf, _mm512_loadu_ps(X + t * ldx + k + 16 * h), tot[a][r][t]);
+        }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      __m512 s = tot[0][r][t];
+      if constexpr (A == 2) s = _mm512_add_ps(s, tot[1][r][t]);
+      Y[t * ldy + r] = _mm512_reduce_add_ps(s);
+    }
+}
+
+template <int BITS, int R, int T, DType SDT, bool ZP>
+void rows_f(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, float* y, int64_t ldy) {
+  auto micro = [&](auto rr, int64_t n) {
+    constexpr int RR = decltype(rr)::value;
+    if constexpr (BITS == 4) micro_f4<RR, T, SDT, ZP>(w, n, x, ldx, y + (n - r0), ldy);
+    else micro_f8<RR, T, SDT, ZP>(w, n, x, ldx, y + (n - r0), ldy);
+  };
+  int64_t n = r0;
+  for (; n + R <= r1; n += R) micro(std::integral_constant<int, R>(), n);
+  for (; n < r1; ++n) micro(std::integral_constant<int, 1>(), n);
+}
+
+// Row blocks (kRowBlock), in each every token tile of up to 4.
+template <int BITS, DType SDT, bool ZP>
+void qgemm_f_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
+               int64_t ldy) {
+  for (int64_t r0 = n0; r0 < n1; r0 += kRowBlock) {
+    const int64_t r1 = std::min(n1, r0 + kRowBlock);
+    for (int64_t m = 0; m < M; m += 4) {
+      const float* x = X + m * ldx;
+      float* y = Y + m * ldy + (r0 - n0);
+      switch (std::min<int64_t>(4, M - m)) {
+        case 1: rows_f<BITS, 4, 1, SDT, ZP>(w, r0, r1, x, ldx, y, ldy); break;
+        case 2: rows_f<BITS, 4, 2, SDT, ZP>(w, r0, r1, x, ldx, y, ldy); break;
+        case 3: rows_f<BITS, 4, 3, SDT, ZP>(w, r0, r1, x, ldx, y, ldy); break;
+        default: rows_f<BITS, 3, 4, SDT, ZP>(w, r0, r1, x, ldx, y, ldy); break;
+      }
+    }
+  }
+}
+
+template <int BITS>
+void qgemm_avx512(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
+                  int64_t ldy) {
+  if (!zmm_float(w.block, w.K)) return fallback().gemm[BITS == 8](w, n0, n1, X, ldx, M, Y, ldy);
+  const bool zp = w.zero_points != nullptr;
+  switch (w.scale_dtype) {
+    case DType::F32:
+      return zp ? qgemm_f_t<BITS, DType::F32, true>(w, n0, n1, X, ldx, M, Y, ldy)
+                : qgemm_f_t<BITS, DType::F32, false>(w, n0, n1, X, ldx, M, Y, ldy);
+    case DType::F16:
+      return zp ? qgemm_f_t<BITS, DType::F16, true>(w, n0, n1, X, ldx, M, Y, ldy)
+                : qgemm_f_t<BITS, DType::F16, false>(w, n0, n1, X, ldx, M, Y, ldy);
+    default:
+      return zp ? qgemm_f_t<BITS, DType::BF16, true>(w, n0, n1, X, ldx, M, Y, ldy)
+                : qgemm_f_t<BITS, DType::BF16, false>(w, n0, n1, X, ldx, M, Y, ldy);
+  }
+}
+
+// ------------------------------------------------------------ int8 tokens
+
+// 4-bit, blocks of 32 without zero points, tokens in Quad32 order: one
+// 64-byte load holds 128 codes, the four blocks one per 128-bit lane, so
+// the low nibbles meet the even tokens and the high ones the odd tokens of
+// all four at once and each int32 lane of the two dots belongs to one
+// block; one conversion and one FMA by [s_w * s_x] per block finish four
+// blocks. A last group of 64 (K = 64 mod 128) goes as Pair32 on ymm. The
+// zero point 8 comes off once per row: - 8 sum_b s_w[b] s_x[b] sum(x codes of b).
+template <int R, int T, DType SDT>
+HZ_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, const float* ss, float* Y,
+                             int64_t ldy) {
+  const int64_t rb = w.row_bytes();
+  const int64_t pf = prefetch_ahead(rb, R);
+  const uint8_t* row[R];
+  for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  __m512 tot[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) tot[r][t] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 128 <= w.K; k += 128) {
+    const int64_t b = k / 32;
+    __m512i lo[R], hi[R];
+    __m512 sw[R];
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(row[r] + k / 2 + pf), _MM_HINT_T0);
+      const __m512i v = _mm512_loadu_si512(row[r] + k / 2);
+      lo[r] = _mm512_and_si512(v, low4);
+      hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      sw[r] = _mm512_permutexvar_ps(quad, _mm512_zextps128_ps512(scales4<SDT>(w, n + r, b)));
+    }
+    for (int t = 0; t < T; ++t) {
+      const int8_t* xq = x.q + t * x.ld + k;
+      const __m512i xe = _mm512_loadu_si512(xq), xo = _mm512_loadu_si512(xq + 64);
+      const __m512 sx = _mm512_permutexvar_ps(quad, _mm512_zextps128_ps512(_mm_loadu_ps(x.scale + t * x.nb + b)));
+      for (int r = 0; r < R; ++r) {
+        const __m512i acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], xe), hi[r], xo);
+        tot[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(sw[r], sx), tot[r][t]);
+      }
+    }
+  }
+  __m256 tail[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) tail[r][t] = _mm256_setzero_ps();
+  if (k < w.K) {  // 64 left: two blocks in Pair32 order
+    const int64_t b = k / 32;
+    const __m256i low4y = _mm256_set1_epi8(0x0F);
+    const __m256i pairs = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    for (int r = 0; r < R; ++r) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[r] + k / 2));
+      const __m256i lo = _mm256_and_si256(v, low4y), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4y);
+      const __m256 sw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales2<SDT>(w, n + r, b)), pairs);
+      for (int t = 0; t < T; ++t) {
+        const int8_t* xq = x.q + t * x.ld + k;
+        const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+        const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32));
+        const __m128 two = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.scale + t * x.nb + b)));
+        const __m256 sx = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two), pairs);
+        const __m256i acc = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xe), hi, xo);
+        tail[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(sw, sx), tail[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      Y[t * ldy + r] = _mm512_reduce_add_ps(tot[r][t]) + hsum(tail[r][t]) -
+                       8.0f * dot_scales<SDT>(w, n + r, ss + t * x.nb);
+}
+
+// 8-bit, blocks of 32 without zero points, tokens in k order: 64 codes (two
+// blocks, one per 256-bit half) per vpdpbusd and token, the codes raw
+// (u8 x s8 sums in int32), the zero point 128 once per row as above.
+template <int R, int T, DType SDT>
+HZ_VNNI_FN void micro_i8_d32(const QWeight& w, int64_t n, const QTokens& x, const float* ss, float* Y,
+                             int64_t ldy) {
+  const int64_t rb = w.row_bytes();
+  const int64_t pf = prefetch_ahead(rb, R);
+  const uint8_t* row[R];
+  for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
+  const __m512i dual = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  __m512 tot[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) tot[r][t] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < w.K; k += 64) {
+    const int64_t b = k / 32;
+    __m512i u[R];
+    __m512 sw[R];
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(row[r] + k + pf), _MM_HINT_T0);
+      u[r] = _mm512_loadu_si512(row[r] + k);
+      sw[r] = _mm512_permutexvar_ps(dual, _mm512_zextps128_ps512(scales2<SDT>(w, n + r, b)));
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m512i xv = _mm512_loadu_si512(x.q + t * x.ld + k);
+      const __m128 two = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.scale + t * x.nb + b)));
+      const __m512 sx = _mm512_permutexvar_ps(dual, _mm512_zextps128_ps512(two));
+      for (int r = 0; r < R; ++r) {
+        const __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[r], xv);
+        tot[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(sw[r], sx), tot[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      Y[t * ldy + r] = _mm512_reduce_add_ps(tot[r][t]) - 128.0f * dot_scales<SDT>(w, n + r, ss + t * x.nb);
+}
+
+template <int BITS, int R, int T, DType SDT>
+void rows_i8(const QWeight& w, int64_t r0, int64_t r1, const QTokens& x, const float* ss, float* y, int64_t ldy) {
+  auto micro = [&](auto rr, int64_t n) {
+    constexpr int RR = decltype(rr)::value;
+    if constexpr (BITS == 4) micro_i8_q32<RR, T, SDT>(w, n, x, ss, y + (n - r0), ldy);
+    else micro_i8_d32<RR, T, SDT>(w, n, x, ss, y + (n - r0), ldy);
+  };
+  int64_t n = r0;
+  for (; n + R <= r1; n += R) micro(std::integral_constant<int, R>(), n);
+  for (; n < r1; ++n) micro(std::integral_constant<int, 1>(), n);
+}
+
+template <int BITS, DType SDT>
+void qgemm_i8_t(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int64_t M, float* Y, int64_t ldy) {
+  // s_x * sum of codes per (token, block): the zero point's factor.
+  std::vector<float> ss(size_t(M * X.nb));
+  for (int64_t i = 0; i < M * X.nb; ++i) ss[size_t(i)] = X.scale[i] * float(X.sum[i]);
+  for (int64_t r0 = n0; r0 < n1; r0 += kRowBlock) {
+    const int64_t r1 = std::min(n1, r0 + kRowBlock);
+    for (int64_t m = 0; m < M; m += 4) {
+      QTokens x = X;
+      x.q += m * X.ld;
+      x.scale += m * X.nb;
+      x.sum += m * X.nb;
+      const float* s = ss.data() + m * X.nb;
+      float* y = Y + m * ldy + (r0 - n0);
+      switch (std::min<int64_t>(4, M - m)) {
+        case 1: rows_i8<BITS, 4, 1, SDT>(w, r0, r1, x, s, y, ldy); break;
+        case 2: rows_i8<BITS, 4, 2, SDT>(w, r0, r1, x, s, y, ldy); break;
+        case 3: rows_i8<BITS, 4, 3, SDT>(w, r0, r1, x, s, y, ldy); break;
+        default: rows_i8<BITS, 3, 4, SDT>(w, r0, r1, x, s, y, ldy); break;
+      }
+    }
+  }
+}
+
+template <int BITS>
+void qgemm_i8_avx512(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int64_t M, float* Y,
+                     int64_t ldy) {
+  if (!zmm_i8(w.block, w.K, w.zero_points != nullptr))
+    return fallback().gemm_i8[BITS == 8](w, n0, n1, X, M, Y, ldy);
+  switch (w.scale_dtype) {
+    case DType::F32: return qgemm_i8_t<BITS, DType::F32>(w, n0, n1, X, M, Y, ldy);
+    case DType::F16: return qgemm_i8_t<BITS, DType::F16>(w, n0, n1, X, M, Y, ldy);
+    default: return qgemm_i8_t<BITS, DType::BF16>(w, n0, n1, X, M, Y, ldy);
+  }
+}
+
+}  // namespace
+
+const QuantKernels& quant_avx512() {
+  static const QuantKernels q = [] {
+    QuantKernels t;
+    t.name = has_vnni() ? "avx512-vnni" : "avx512";
+    t.gemm[0] = qgemm_avx512<4>;
+    t.gemm[1] = qgemm_avx512<8>;
+    t.gemm_i8[0] = qgemm_i8_avx512<4>;
+    t.gemm_i8[1] = qgemm_i8_avx512<8>;
+    t.f_order = avx512_f_order;
+    t.i8_order = avx512_i8_order;
+    return t;
+  }();
+  return q;
+}
+
+}  // namespace hinamoe
