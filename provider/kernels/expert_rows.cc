@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "activation.h"
+#include "aligned_buffer.h"
 #include "moe_work.h"
 #include "numa/segment_table.h"
 
@@ -105,7 +106,8 @@ std::vector<float> expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at
   // in one pass, an expert's down items write while other experts' gate/up
   // items still read their inputs.
   const int64_t ldx = padded_ld(H), lda = padded_ld(I);
-  std::vector<float> xs(size_t(R * ldx)), h1(size_t(R * N1)), act(size_t(R * lda)), y(size_t(R * H));
+  AlignedVector<float> xs(size_t(R * ldx)), act(size_t(R * lda));
+  std::vector<float> h1(size_t(R * N1)), y(size_t(R * H));
 
   // Gather each expert's tokens (grouped order) as float rows.
   {

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 
+#include "avx512_hsum.h"
 #include "gemm_rows_tiling.h"
 #include "tier.h"
 
@@ -84,34 +85,6 @@ HINAMOE_AVX512_INLINE __m512 load_x(const float* p, __mmask16 m) {
   if constexpr (Masked) return _mm512_maskz_loadu_ps(m, p);
   (void)m;
   return _mm512_loadu_ps(p);
-}
-
-// Per 128-bit lane: [a0+a1, a2+a3, b0+b1, b2+b3] (the lanes of _mm256_hadd_ps).
-HINAMOE_AVX512_INLINE __m512 hadd(__m512 a, __m512 b) {
-  return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-// Lane i of the result = the sum of the 16 lanes of v[i], for i < N <= 16
-// (the other lanes: 0). A transposing tree: two hadd levels leave, per
-// 128-bit lane, partial sums of four vectors; two levels of 128-bit lane
-// shuffles add up the lanes. About 3 instructions per sum instead of ~8 for
-// one reduction per vector.
-template <int N>
-HINAMOE_AVX512_INLINE __m512 hsum_lanes(const __m512* v) {
-  static_assert(N >= 1 && N <= 16, "one zmm of sums");
-  const __m512 z = _mm512_setzero_ps();
-  __m512 q[4];
-#pragma GCC unroll 4
-  for (int g = 0; g < 4; ++g) {
-    const int i = 4 * g;
-    const __m512 a = i < N ? v[i] : z, b = i + 1 < N ? v[i + 1] : z;
-    const __m512 c = i + 2 < N ? v[i + 2] : z, d = i + 3 < N ? v[i + 3] : z;
-    q[g] = i < N ? hadd(hadd(a, b), hadd(c, d)) : z;
-  }
-  // q[g], 128-bit lane L: [sum of part L of v[4g] .. v[4g+3]].
-  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(q[0], q[1], 0x44), _mm512_shuffle_f32x4(q[0], q[1], 0xee));
-  const __m512 w1 = N > 8 ? _mm512_add_ps(_mm512_shuffle_f32x4(q[2], q[3], 0x44), _mm512_shuffle_f32x4(q[2], q[3], 0xee)) : z;
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xdd));
 }
 
 // One K step of the R x T tile: acc[r][t] += w row r * x row t over 16 (or,
@@ -193,7 +166,7 @@ HINAMOE_AVX512_FN void micro(const typename Elem<DT>::T* w, int64_t K, int64_t l
     __m512 col[R];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) col[r] = acc[r][t];
-    __m512 s = hsum_lanes<R>(col);
+    __m512 s = avx512::hsum_lanes<R>(col);
     float* yp = y + t * ldy;
     if (accumulate) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(rows_mask, yp));
     _mm512_mask_storeu_ps(yp, rows_mask, s);

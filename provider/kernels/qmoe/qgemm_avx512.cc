@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "../avx512_hsum.h"
 #include "qgemm_avx2_common.h"
 #include "qmoe_ffn.h"
 
@@ -92,6 +93,23 @@ HZ_INLINE __m128 scales2(const QWeight& w, int64_t n, int64_t b) {
   return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16));
 }
 
+// out[r*T + t] = the sum of the lanes of v[r][t], 16 sums per transposing
+// tree (avx512_hsum.h) instead of one reduction each.
+template <int R, int T>
+HZ_INLINE void lane_sums(const __m512 (&v)[R][T], float* out) {
+  constexpr int N = R * T;
+  const __m512* flat = &v[0][0];
+  alignas(64) float buf[(N + 15) / 16 * 16];
+  if constexpr (N <= 16) {
+    _mm512_store_ps(buf, avx512::hsum_lanes<N>(flat));
+  } else {
+    static_assert(N <= 32, "at most two trees");
+    _mm512_store_ps(buf, avx512::hsum_lanes<16>(flat));
+    _mm512_store_ps(buf + 16, avx512::hsum_lanes<(N > 16 ? N - 16 : 1)>(flat + 16));
+  }
+  for (int i = 0; i < N; ++i) out[i] = buf[i];
+}
+
 // ---------------------------------------------------------------- float path
 
 // Rows [n, n+R) x tokens [0, T) of 4-bit codes; X in EvenOdd32 order. Each
@@ -99,8 +117,9 @@ HZ_INLINE __m128 scales2(const QWeight& w, int64_t n, int64_t b) {
 // zero-extending load, a shift and two vpermps, shared by the T tokens. With
 // few tokens the even and odd halves accumulate apart, so the FMA chains
 // outnumber the FMA latency.
-template <int R, int T, DType SDT, bool ZP>
-HZ_FN void micro_f4(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
+template <int R, int T, DType SDT, bool ZP, bool B32>
+HZ_FN void micro_f4(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const float* X, int64_t ldx, float* Y,
+                   int64_t ldy, bool acc) {
   constexpr int A = T <= 2 ? 2 : 1;
   const int64_t rb = w.row_bytes();
   const int64_t pf = prefetch_ahead(rb, R);
@@ -110,20 +129,25 @@ HZ_FN void micro_f4(const QWeight& w, int64_t n, const float* X, int64_t ldx, fl
   for (int a = 0; a < A; ++a)
     for (int r = 0; r < R; ++r)
       for (int t = 0; t < T; ++t) tot[a][r][t] = _mm512_setzero_ps();
-  const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int64_t b = 0; b < w.nb; ++b) {
-    const int64_t k0 = b * w.block, k1 = w.block_end(b);
+  // The 16 codes, less the zero point 8 when there are no zero points.
+  const __m512 codes = ZP ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                          : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  const int64_t b0 = B32 ? ka / 32 : ka / w.block, b1 = B32 ? kz / 32 : (kz - 1) / w.block + 1;
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t k0 = B32 ? b * 32 : std::max(ka, b * w.block), k1 = B32 ? k0 + 32 : std::min(kz, w.block_end(b));
     __m512 tbl[R];
     for (int r = 0; r < R; ++r) {
-      const float s = scale_at<SDT>(w, n + r, b);
-      // (q - zp) * s with one rounding where zp * s is exact (zp = 8: a power of two).
-      tbl[r] = _mm512_fmadd_ps(codes, _mm512_set1_ps(s), _mm512_set1_ps(-float(zero_at<4, ZP>(w, n + r, b)) * s));
+      const __m512 s = _mm512_set1_ps(scale_at<SDT>(w, n + r, b));
+      // (q - zp) * s, rounded once (without zero points: (q - 8) exact, times s).
+      if constexpr (ZP) tbl[r] = _mm512_mul_ps(_mm512_sub_ps(codes, _mm512_set1_ps(float(w.zero_point(n + r, b)))), s);
+      else tbl[r] = _mm512_mul_ps(codes, s);
     }
     for (int64_t k = k0; k < k1; k += 32) {
-      if ((k & 127) == 0)
-        for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + k / 2 + pf), _MM_HINT_T0);
+      const uint64_t kb = uint64_t(k) >> 1;
+      if ((kb & 63) == 0)
+        for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kb + pf), _MM_HINT_T0);
       for (int r = 0; r < R; ++r) {
-        const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row[r] + k / 2)));
+        const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row[r] + kb)));
         const __m512 we = _mm512_permutexvar_ps(d, tbl[r]);
         const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tbl[r]);
         for (int t = 0; t < T; ++t) {
@@ -134,17 +158,19 @@ HZ_FN void micro_f4(const QWeight& w, int64_t n, const float* X, int64_t ldx, fl
       }
     }
   }
+  if constexpr (A == 2)
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) tot[0][r][t] = _mm512_add_ps(tot[0][r][t], tot[1][r][t]);
+  float sum[R * T];
+  lane_sums<R, T>(tot[0], sum);
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) {
-      __m512 s = tot[0][r][t];
-      if constexpr (A == 2) s = _mm512_add_ps(s, tot[1][r][t]);
-      Y[t * ldy + r] = _mm512_reduce_add_ps(s);
-    }
+    for (int t = 0; t < T; ++t) Y[t * ldy + r] = (acc ? Y[t * ldy + r] : 0.0f) + sum[r * T + t];
 }
 
 // The same for 8-bit codes in k order: 16 codes -> float -> q * s - zp * s.
-template <int R, int T, DType SDT, bool ZP>
-HZ_FN void micro_f8(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
+template <int R, int T, DType SDT, bool ZP, bool B32>
+HZ_FN void micro_f8(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const float* X, int64_t ldx, float* Y,
+                   int64_t ldy, bool acc) {
   constexpr int A = T <= 2 ? 2 : 1;
   const int64_t rb = w.row_bytes();
   const int64_t pf = prefetch_ahead(rb, R);
@@ -154,8 +180,9 @@ HZ_FN void micro_f8(const QWeight& w, int64_t n, const float* X, int64_t ldx, fl
   for (int a = 0; a < A; ++a)
     for (int r = 0; r < R; ++r)
       for (int t = 0; t < T; ++t) tot[a][r][t] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < w.nb; ++b) {
-    const int64_t k0 = b * w.block, k1 = w.block_end(b);
+  const int64_t b0 = B32 ? ka / 32 : ka / w.block, b1 = B32 ? kz / 32 : (kz - 1) / w.block + 1;
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t k0 = B32 ? b * 32 : std::max(ka, b * w.block), k1 = B32 ? k0 + 32 : std::min(kz, w.block_end(b));
     __m512 sv[R], zv[R];
     for (int r = 0; r < R; ++r) {
       const float s = scale_at<SDT>(w, n + r, b);
@@ -175,40 +202,66 @@ HZ_FN void micro_f8(const QWeight& w, int64_t n, const float* X, int64_t ldx, fl
         }
     }
   }
+  if constexpr (A == 2)
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) tot[0][r][t] = _mm512_add_ps(tot[0][r][t], tot[1][r][t]);
+  float sum[R * T];
+  lane_sums<R, T>(tot[0], sum);
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) {
-      __m512 s = tot[0][r][t];
-      if constexpr (A == 2) s = _mm512_add_ps(s, tot[1][r][t]);
-      Y[t * ldy + r] = _mm512_reduce_add_ps(s);
-    }
+    for (int t = 0; t < T; ++t) Y[t * ldy + r] = (acc ? Y[t * ldy + r] : 0.0f) + sum[r * T + t];
 }
 
+// Rows [r0, r1) x T tokens over columns [ka, kz) (multiples of 32); acc: add to y.
 template <int BITS, int R, int T, DType SDT, bool ZP>
-void rows_f(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, float* y, int64_t ldy) {
+void rows_f(const QWeight& w, int64_t r0, int64_t r1, int64_t ka, int64_t kz, const float* x, int64_t ldx, float* y,
+            int64_t ldy, bool acc) {
+  const bool b32 = w.block == 32;
   auto micro = [&](auto rr, int64_t n) {
     constexpr int RR = decltype(rr)::value;
-    if constexpr (BITS == 4) micro_f4<RR, T, SDT, ZP>(w, n, x, ldx, y + (n - r0), ldy);
-    else micro_f8<RR, T, SDT, ZP>(w, n, x, ldx, y + (n - r0), ldy);
+    float* yn = y + (n - r0);
+    if constexpr (BITS == 4) {
+      if (b32) micro_f4<RR, T, SDT, ZP, true>(w, n, ka, kz, x, ldx, yn, ldy, acc);
+      else micro_f4<RR, T, SDT, ZP, false>(w, n, ka, kz, x, ldx, yn, ldy, acc);
+    } else {
+      if (b32) micro_f8<RR, T, SDT, ZP, true>(w, n, ka, kz, x, ldx, yn, ldy, acc);
+      else micro_f8<RR, T, SDT, ZP, false>(w, n, ka, kz, x, ldx, yn, ldy, acc);
+    }
   };
   int64_t n = r0;
   for (; n + R <= r1; n += R) micro(std::integral_constant<int, R>(), n);
   for (; n < r1; ++n) micro(std::integral_constant<int, 1>(), n);
 }
 
-// Row blocks (kRowBlock), in each every token tile of up to 4.
+// Row blocks (kRowBlock), in each every token tile (of 8, else up to 4).
+// Where a tile's token rows pass 2 x kSliceBytes, K is cut into slices of
+// kSliceBytes of tokens per tile, so each tile's slice stays in L1 while the
+// row block's codes (also in L1) meet every tile: otherwise every R rows
+// would stream the tile's whole rows from L2 again (8 tokens of 2048 floats
+// are 64 KiB; in-cache A/B on Zen 5: X in L1 ~1.5x the FMA rate of X in L2).
+constexpr int64_t kSliceBytes = 16 * 1024;
+
 template <int BITS, DType SDT, bool ZP>
 void qgemm_f_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
                int64_t ldy) {
+  const int64_t tmax = M >= 8 ? 8 : std::min<int64_t>(4, M);
+  const int64_t slice = tmax * w.K * 4 <= 2 * kSliceBytes ? w.K : std::max<int64_t>(32, kSliceBytes / (4 * tmax) / 32 * 32);
   for (int64_t r0 = n0; r0 < n1; r0 += kRowBlock) {
     const int64_t r1 = std::min(n1, r0 + kRowBlock);
-    for (int64_t m = 0; m < M; m += 4) {
-      const float* x = X + m * ldx;
-      float* y = Y + m * ldy + (r0 - n0);
-      switch (std::min<int64_t>(4, M - m)) {
-        case 1: rows_f<BITS, 4, 1, SDT, ZP>(w, r0, r1, x, ldx, y, ldy); break;
-        case 2: rows_f<BITS, 4, 2, SDT, ZP>(w, r0, r1, x, ldx, y, ldy); break;
-        case 3: rows_f<BITS, 4, 3, SDT, ZP>(w, r0, r1, x, ldx, y, ldy); break;
-        default: rows_f<BITS, 3, 4, SDT, ZP>(w, r0, r1, x, ldx, y, ldy); break;
+    for (int64_t ka = 0; ka < w.K; ka += slice) {
+      const int64_t kz = std::min(w.K, ka + slice);
+      for (int64_t m = 0; m < M;) {
+        const float* x = X + m * ldx;
+        float* y = Y + m * ldy + (r0 - n0);
+        const int64_t T = M - m >= 8 ? 8 : std::min<int64_t>(4, M - m);
+        const bool acc = ka > 0;
+        switch (T) {
+          case 1: rows_f<BITS, 4, 1, SDT, ZP>(w, r0, r1, ka, kz, x, ldx, y, ldy, acc); break;
+          case 2: rows_f<BITS, 4, 2, SDT, ZP>(w, r0, r1, ka, kz, x, ldx, y, ldy, acc); break;
+          case 3: rows_f<BITS, 4, 3, SDT, ZP>(w, r0, r1, ka, kz, x, ldx, y, ldy, acc); break;
+          case 4: rows_f<BITS, 3, 4, SDT, ZP>(w, r0, r1, ka, kz, x, ldx, y, ldy, acc); break;
+          default: rows_f<BITS, 2, 8, SDT, ZP>(w, r0, r1, ka, kz, x, ldx, y, ldy, acc); break;
+        }
+        m += T;
       }
     }
   }
@@ -297,10 +350,11 @@ HZ_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, cons
       }
     }
   }
+  float sum[R * T];
+  lane_sums<R, T>(tot, sum);
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t)
-      Y[t * ldy + r] = _mm512_reduce_add_ps(tot[r][t]) + hsum(tail[r][t]) -
-                       8.0f * dot_scales<SDT>(w, n + r, ss + t * x.nb);
+      Y[t * ldy + r] = sum[r * T + t] + hsum(tail[r][t]) - 8.0f * dot_scales<SDT>(w, n + r, ss + t * x.nb);
 }
 
 // 8-bit, blocks of 32 without zero points, tokens in k order: 64 codes (two
@@ -336,9 +390,10 @@ HZ_VNNI_FN void micro_i8_d32(const QWeight& w, int64_t n, const QTokens& x, cons
       }
     }
   }
+  float sum[R * T];
+  lane_sums<R, T>(tot, sum);
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t)
-      Y[t * ldy + r] = _mm512_reduce_add_ps(tot[r][t]) - 128.0f * dot_scales<SDT>(w, n + r, ss + t * x.nb);
+    for (int t = 0; t < T; ++t) Y[t * ldy + r] = sum[r * T + t] - 128.0f * dot_scales<SDT>(w, n + r, ss + t * x.nb);
 }
 
 template <int BITS, int R, int T, DType SDT>

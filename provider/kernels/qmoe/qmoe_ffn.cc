@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../activation.h"
+#include "../aligned_buffer.h"
 #include "../moe_work.h"
 #include "qmoe_routing.h"
 
@@ -78,9 +79,10 @@ void quantize_rows(const float* x, int64_t ldx, int64_t K, int64_t block, TokenO
 
 // Per-route buffers of one operand (fc1/fc3 input or fc2 input).
 struct Operand {
-  std::vector<float> x;    // [R, ld] float rows
+  AlignedVector<float> x;   // [R, ld] float rows
   int64_t ld = 0, K = 0, block = 0, nb = 1;
-  std::vector<int8_t> q;   // [R, ld] int8 codes (int8 kernels)
+  AlignedVector<int8_t> q;  // [R, ldq] int8 codes (int8 kernels)
+  int64_t ldq = 0;          // a multiple of 64: rows on cache lines
   std::vector<float> qscale;
   std::vector<int32_t> qsum;
   bool int8 = false;
@@ -95,12 +97,13 @@ struct Operand {
     nb = nb_;
     block = nb == 1 ? K : block_size;
     ld = padded_ld(K);
+    ldq = (K + 63) / 64 * 64 + (K % 4096 == 0 ? 64 : 0);  // off 4 KiB multiples, as padded_ld
     int8 = int8_;
     order = int8 ? qk.i8_order(bits, block, K, zero_points) : TokenOrder::KOrder;
     x_order = int8 ? TokenOrder::KOrder : qk.f_order(bits, block, K, zero_points);
     x.assign(size_t(R * ld), 0.0f);
     if (int8) {
-      q.assign(size_t(R * ld), 0);
+      q.assign(size_t(R * ldq), 0);
       qscale.assign(size_t(R * nb), 0.0f);
       qsum.assign(size_t(R * nb), 0);
     }
@@ -109,14 +112,14 @@ struct Operand {
   int64_t pos(int64_t k) const { return token_pos(x_order, k, K); }
   // The int8 codes of rows [p0, p1) after x is written.
   void finish(int64_t p0, int64_t p1) {
-    if (int8) quantize_rows(x.data(), ld, K, block, order, p0, p1, q.data(), qscale.data(), qsum.data(), ld, nb);
+    if (int8) quantize_rows(x.data(), ld, K, block, order, p0, p1, q.data(), qscale.data(), qsum.data(), ldq, nb);
   }
   QTokens tokens(int64_t p0) const {
     QTokens t;
-    t.q = q.data() + p0 * ld;
+    t.q = q.data() + p0 * ldq;
     t.scale = qscale.data() + p0 * nb;
     t.sum = qsum.data() + p0 * nb;
-    t.ld = ld;
+    t.ld = ldq;
     t.nb = nb;
     t.block = block;
     t.order = order;
