@@ -125,11 +125,39 @@ def lfm2_moe_config():
     return cfg
 
 
+def qwen3_5_moe_config():
+    """Qwen3.5-MoE (transformers 5 only) as onnxruntime-genai's builder takes
+    it: the vision-language class (the builder knows no text-only one), with
+    a one-block vision tower the text path never runs. A Gated-DeltaNet
+    (linear attention) layer, then a full-attention one with its output gate
+    and q/k norms; interleaved partial MRoPE (8 of 16 dims, sections 2/1/1);
+    routed experts (renormalised top-2 of 4) beside a sigmoid-gated shared
+    expert. Ids 259..262 are the (unused) image/video tokens."""
+    from transformers import Qwen3_5MoeConfig
+
+    text = _common(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=48,
+        shared_expert_intermediate_size=80, num_experts=4, num_experts_per_tok=2,
+        layer_types=["linear_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                         "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+    vision = dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64,
+                  num_position_embeddings=16, initializer_range=INIT_STD)
+    cfg = Qwen3_5MoeConfig(text_config=text, vision_config=vision, image_token_id=259, video_token_id=260,
+                           vision_start_token_id=261, vision_end_token_id=262, tie_word_embeddings=False)
+    cfg.architectures = ["Qwen3_5MoeForConditionalGeneration"]
+    return cfg
+
+
 # Checkpoints for onnxruntime-genai's model builder (transformers 5), by the
 # names its tests use.
 GENAI_RECIPES: dict[str, Callable] = {
     "gpt_oss": gpt_oss_yarn_config,
     "lfm2_moe": lfm2_moe_config,
+    "qwen3_5_moe": qwen3_5_moe_config,
 }
 
 
@@ -177,7 +205,7 @@ def byte_tokenizer():
 def build(arch: str, out_dir: str | Path, seed: int = 0, config=None) -> Path:
     """Builds the tiny `arch` checkpoint (or one from `config`) into `out_dir`."""
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
 
     if config is None:
         if arch not in RECIPES:
@@ -186,7 +214,10 @@ def build(arch: str, out_dir: str | Path, seed: int = 0, config=None) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    # A vision-language config (Qwen3.5-MoE's) saves its *ForConditionalGeneration
+    # weights, the names its checkpoints and genai's builder use.
+    auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+    model = auto.from_config(config, dtype=torch.float32).eval()
     model.generation_config = GenerationConfig(bos_token_id=BOS, eos_token_id=EOS,
                                                pad_token_id=PAD, do_sample=False)
     model.save_pretrained(out)

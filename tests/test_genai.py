@@ -38,8 +38,24 @@ ATOL, RTOL = 2e-4, 2e-4
 QUANT_ATOL = 2e-2  # x the largest |logit|: quantised models against the CPU EP (see the test)
 
 # (arch, precision) pairs the builder makes for the CPU (gpt-oss int4/int8
-# from the MXFP4 expert tensors the tiny checkpoint gets, as the released one has).
-CASES = [(a, p) for a in ("gpt_oss", "lfm2_moe") for p in ("fp32", "int4", "int8")]
+# from the MXFP4 expert tensors the tiny checkpoint gets, as the released one
+# has). Qwen3.5-MoE: Gated-DeltaNet and gated full-attention layers, MRoPE
+# (MRotaryEmbedding on [3, B, S] position ids), shared expert.
+CASES = [(a, p) for a in ("gpt_oss", "lfm2_moe", "qwen3_5_moe") for p in ("fp32", "int4", "int8")]
+
+
+def qwen3_5_moe_without_mrope_section():
+    """Qwen3.5-MoE whose rope_parameters name no mrope_section (transformers
+    then uses [11, 11, 10], sized for the released head_dim, and the builder
+    no MRoPE at all)."""
+    cfg = hf_tiny.qwen3_5_moe_config()
+    rope = {k: v for k, v in cfg.text_config.rope_parameters.items() if k not in ("mrope_section", "mrope_interleaved")}
+    cfg.text_config.rope_parameters = rope
+    return cfg
+
+
+# Checkpoints only this file builds, by the names the tests use.
+TEST_RECIPES = {"qwen3_5_moe_no_mrope_section": qwen3_5_moe_without_mrope_section}
 
 
 def hinamoe_ops() -> set[str]:
@@ -59,7 +75,8 @@ def genai_models(tmp_path_factory):
         if (arch, precision) not in built:
             ckpt = root / "hf" / arch
             if not ckpt.exists():
-                hf_tiny.build(arch, ckpt, seed=1234, config=hf_tiny.GENAI_RECIPES[arch]())
+                recipe = hf_tiny.GENAI_RECIPES.get(arch) or TEST_RECIPES[arch]
+                hf_tiny.build(arch, ckpt, seed=1234, config=recipe())
                 if arch == "gpt_oss":
                     hf_tiny.add_mxfp4_experts(ckpt)
             out = root / f"{arch}-{precision}"
@@ -147,6 +164,40 @@ def test_greedy_generation_matches_cpu_ep(arch, precision, genai_models, tmp_pat
             assert where == "HinaMoE", f"{op} node {name} ran on {where}"
         else:  # an op HinaMoE registers no kernel for
             assert where == "CPUExecutionProvider", f"{op} node {name} ran on {where}"
+
+
+def test_qwen3_5_moe_graph_uses_mrope(genai_models):
+    """The builder's Qwen3.5-MoE feeds [3, B, S] position ids to
+    MRotaryEmbedding (which ORT's CPU EP runs) on q and k of every
+    full-attention layer, ahead of a GroupQueryAttention without do_rotary;
+    the linear-attention layers are ORT's LinearAttention."""
+    m = onnx.load(str(genai_models("qwen3_5_moe", "fp32") / "model.onnx"), load_external_data=False)
+    pos = next(i for i in m.graph.input if i.name == "position_ids")
+    assert [d.dim_value or d.dim_param for d in pos.type.tensor_type.shape.dim] == [3, "batch_size", "sequence_length"]
+    ops = [n.op_type for n in m.graph.node]
+    assert ops.count("MRotaryEmbedding") == 2 and "RotaryEmbedding" not in ops
+    assert ops.count("GroupQueryAttention") == 1 and ops.count("LinearAttention") == 1 and ops.count("MoE") == 2
+    gqa = next(n for n in m.graph.node if n.op_type == "GroupQueryAttention")
+    assert all(a.i == 0 for a in gqa.attribute if a.name == "do_rotary")
+
+
+def test_qwen3_5_moe_without_mrope_section_fails_on_the_cpu_ep(genai_models):
+    """Known failure (the issue's report): given a config with no
+    mrope_section, the builder writes plain RotaryEmbedding nodes but still
+    [3, B, S] position ids, which ORT's CPU EP refuses at the first run. That
+    node is not HinaMoE's, so HinaMoE (strict, its MoE / GQA nodes claimed)
+    fails the same way. When the builder or ORT fixes this, the test fails:
+    then test it like the others."""
+    path = genai_models("qwen3_5_moe_no_mrope_section", "fp32")
+    m = onnx.load(str(path / "model.onnx"), load_external_data=False)
+    ops = [n.op_type for n in m.graph.node]
+    assert ops.count("RotaryEmbedding") == 2 and "MRotaryEmbedding" not in ops
+    prompt = np.arange(65, 74)
+    known = r"RotaryEmbedding node.*Input 'position_ids' is expected to have 0, 1, or 2 dimensions, got 3"
+    for model in (cpu_model(path), hinamoe.genai.model(path)):  # both are created
+        with pytest.raises(RuntimeError, match=known):
+            greedy(model, prompt, 2)
+        del model
 
 
 def test_gpt_oss_sliding_layers_are_windowed(genai_models):

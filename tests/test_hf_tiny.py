@@ -100,3 +100,34 @@ def test_real_shape_gpt_oss_for_genai():
     cfg = real_shape_config("gpt-oss-20b", layers=2, experts=4, genai=True)
     assert cfg.rope_parameters["rope_type"] == "yarn" and cfg.rope_parameters["factor"] == 32.0
     assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts) == (2880, 2880, 4)
+
+
+@pytest.mark.parametrize("arch", sorted(hf_tiny.GENAI_RECIPES))
+def test_genai_recipe_builds_and_loads(arch, tmp_path, seed):
+    """The checkpoints for onnxruntime-genai's builder (tests/test_genai.py)
+    build and load back; LFM2-MoE and Qwen3.5-MoE exist in transformers 5 only."""
+    try:
+        cfg = hf_tiny.GENAI_RECIPES[arch]()
+    except ImportError as e:
+        pytest.skip(f"transformers {transformers.__version__} lacks {arch} (transformers 5 only): {e}")
+    out = hf_tiny.build(arch, tmp_path / arch, seed=seed, config=cfg)
+    if arch == "qwen3_5_moe":
+        from transformers import AutoModelForImageTextToText
+
+        model = AutoModelForImageTextToText.from_pretrained(out).eval()
+        assert type(model).__name__ == "Qwen3_5MoeForConditionalGeneration"  # the class genai's builder takes
+        text = model.config.text_config
+        assert text.layer_types == ["linear_attention", "full_attention"] and text.vocab_size == hf_tiny.VOCAB
+        rope = text.rope_parameters
+        assert rope["mrope_section"] == [2, 1, 1]  # covers the rotary half of head_dim, in frequency pairs
+        assert sum(rope["mrope_section"]) * 2 == text.head_dim * rope["partial_rotary_factor"]
+        assert model.config.vision_config.depth == 1
+        ids = torch.tensor([[hf_tiny.BOS, 72, 105, 33]])  # text only: the vision tower does not run
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+        assert logits.shape == (1, 4, hf_tiny.VOCAB) and torch.isfinite(logits).all()
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.architectures == (cfg.architectures or [type(model).__name__])
