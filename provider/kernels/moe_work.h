@@ -65,18 +65,25 @@ inline std::vector<Item> make_items(const Routes& routes, int64_t experts, int64
 // DeepSeek-V3-sized experts).
 // Deadlock-free because Parallel claims items in increasing index order
 // (parallel.h): a waiting thread waits only on lower items that running
-// threads have claimed. up must not throw.
-template <class Up, class Down>
+// threads have claimed. up must not throw. finish(e), when given, runs once
+// per expert after its last gate/up item and before its down items start
+// (the QMoE driver quantises the expert's activations there).
+template <class Up, class Down, class Finish>
 void run_up_then_down(const Parallel& par, const std::vector<Item>& up_items, const std::vector<Item>& down_items,
-                      int64_t experts, Up&& up, Down&& down) {
+                      int64_t experts, Up&& up, Down&& down, Finish&& finish) {
+  // pending[e] = e's gate/up items not done + 1 while finish(e) has not run.
   std::vector<std::atomic<int>> pending(static_cast<size_t>(experts));
-  for (auto& p : pending) p.store(0, std::memory_order_relaxed);
+  for (auto& p : pending) p.store(1, std::memory_order_relaxed);
   for (const Item& it : up_items) pending[size_t(it.expert)].fetch_add(1, std::memory_order_relaxed);
   const size_t n_up = up_items.size();
   par.for_each(n_up + down_items.size(), [&](size_t i) {
     if (i < n_up) {
+      const int64_t e = up_items[i].expert;
       up(up_items[i]);
-      pending[size_t(up_items[i].expert)].fetch_sub(1, std::memory_order_release);
+      if (pending[size_t(e)].fetch_sub(1, std::memory_order_acq_rel) == 2) {  // e's last gate/up item
+        finish(e);
+        pending[size_t(e)].fetch_sub(1, std::memory_order_release);
+      }
       return;
     }
     const Item& it = down_items[i - n_up];
@@ -85,6 +92,12 @@ void run_up_then_down(const Parallel& par, const std::vector<Item>& up_items, co
     }
     down(it);
   });
+}
+
+template <class Up, class Down>
+void run_up_then_down(const Parallel& par, const std::vector<Item>& up_items, const std::vector<Item>& down_items,
+                      int64_t experts, Up&& up, Down&& down) {
+  run_up_then_down(par, up_items, down_items, experts, up, down, [](int64_t) {});
 }
 
 // Row stride for float scratch: a multiple of 16 floats, nudged off multiples

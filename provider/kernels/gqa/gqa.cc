@@ -598,7 +598,7 @@ const GqaTier* select_gqa_tier(const std::string& name, std::string* error) {
   if (!kt) return nullptr;
   const std::string got = kt->name;
   // "auto" keeps GQA on the row kernels on AMX CPUs: on the one AMX machine
-  // measured (2026-11-29, README) the tile kernel ran bf16 K/V at a third of
+  // measured (2026-11-29, docs/benchmarks.md) the tile kernel ran bf16 K/V at a third of
   // the avx2 kernel's speed; its non-tile steps were vectorised since, but
   // that is unmeasured on silicon, so only an explicit "amx" picks it.
   if (got == "amx") return name == "auto" ? &gqa_avx2_tier() : &gqa_amx_tier();

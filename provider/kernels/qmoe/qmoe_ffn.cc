@@ -45,31 +45,37 @@ QWeight expert_weight(const uint8_t* codes, const void* scales, const uint8_t* z
   return w;
 }
 
-// Symmetric int8 per block of `block` (max |x| -> 127), codes in the
-// kernel's order (token_pos); rows [p0, p1) of x [*, ldx] into the QTokens buffers. The
-// last of the nb blocks ends at K (a partial block when block does not divide K).
-void quantize_rows(const float* x, int64_t ldx, int64_t K, int64_t block, TokenOrder order, int64_t p0, int64_t p1,
-                   int8_t* q, float* scale, int32_t* sum, int64_t ldq, int64_t nb) {
+// Symmetric int8 per block of `block` (max |x| -> 127), codes at pos[k]
+// (the kernel's order, token_pos; null: k order); rows [p0, p1) of x [*, ldx]
+// into the QTokens buffers. The last of the nb blocks ends at K (a partial
+// block when block does not divide K). Written so the compiler vectorises
+// it: rounding to nearest even by the 1.5 * 2^23 trick (|x * inv| <= 127),
+// which is what nearbyint gives in the default rounding mode.
+void quantize_rows(const float* x, int64_t ldx, int64_t K, int64_t block, const int32_t* pos, int64_t p0,
+                   int64_t p1, int8_t* q, float* scale, int32_t* sum, int64_t ldq, int64_t nb) {
+  constexpr float kRound = 12582912.0f;
   for (int64_t p = p0; p < p1; ++p) {
     const float* xr = x + p * ldx;
+    int8_t* qr = q + p * ldq;
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t kb = b * block, ke = std::min(K, kb + block);
-      float amax = 0.0f;
-      bool finite = true;
+      float amax = 0.0f, bad = 0.0f;
       for (int64_t k = kb; k < ke; ++k) {
-        amax = std::max(amax, std::fabs(xr[k]));
-        finite &= std::isfinite(xr[k]);
+        const float v = std::fabs(xr[k]);
+        amax = v > amax ? v : amax;
+        bad += v - v;  // NaN for a NaN or an infinity
       }
+      const bool finite = bad == 0.0f;
       // A NaN/Inf token block gets codes 0 and scale NaN, so its outputs are
       // NaN (as the float path gives), not a finite value from dropped codes.
       const float s = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
       const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
       int32_t total = 0;
       for (int64_t k = kb; k < ke; ++k) {
-        const int v = finite ? int(std::nearbyint(xr[k] * inv)) : 0;
-        const int8_t c = int8_t(std::min(127, std::max(-127, v)));
-        q[p * ldq + token_pos(order, k, K)] = c;
-        total += c;
+        const float r = finite ? (xr[k] * inv + kRound) - kRound : 0.0f;
+        const int v = int(std::min(127.0f, std::max(-127.0f, r)));
+        qr[pos ? pos[k] : k] = int8_t(v);
+        total += v;
       }
       scale[p * nb + b] = s;
       sum[p * nb + b] = total;
@@ -82,6 +88,7 @@ struct Operand {
   AlignedVector<float> x;   // [R, ld] float rows
   int64_t ld = 0, K = 0, block = 0, nb = 1;
   AlignedVector<int8_t> q;  // [R, ldq] int8 codes (int8 kernels)
+  std::vector<int32_t> qpos;  // where code k goes (empty: k order)
   int64_t ldq = 0;          // a multiple of 64: rows on cache lines
   std::vector<float> qscale;
   std::vector<int32_t> qsum;
@@ -101,18 +108,24 @@ struct Operand {
     int8 = int8_;
     order = int8 ? qk.i8_order(bits, block, K, zero_points) : TokenOrder::KOrder;
     x_order = int8 ? TokenOrder::KOrder : qk.f_order(bits, block, K, zero_points);
+    if (x_order != TokenOrder::KOrder)
+      for (int64_t k = 0; k < K; ++k) xpos.push_back(int32_t(token_pos(x_order, k, K)));
     x.assign(size_t(R * ld), 0.0f);
     if (int8) {
+      if (order != TokenOrder::KOrder)
+        for (int64_t k = 0; k < K; ++k) qpos.push_back(int32_t(token_pos(order, k, K)));
       q.assign(size_t(R * ldq), 0);
       qscale.assign(size_t(R * nb), 0.0f);
       qsum.assign(size_t(R * nb), 0);
     }
   }
-  // Where element k of a float row goes.
-  int64_t pos(int64_t k) const { return token_pos(x_order, k, K); }
+  std::vector<int32_t> xpos;  // where element k of a float row goes (empty: k order)
+  int64_t pos(int64_t k) const { return xpos.empty() ? k : xpos[size_t(k)]; }
   // The int8 codes of rows [p0, p1) after x is written.
   void finish(int64_t p0, int64_t p1) {
-    if (int8) quantize_rows(x.data(), ld, K, block, order, p0, p1, q.data(), qscale.data(), qsum.data(), ldq, nb);
+    if (int8)
+      quantize_rows(x.data(), ld, K, block, qpos.empty() ? nullptr : qpos.data(), p0, p1, q.data(), qscale.data(),
+                    qsum.data(), ldq, nb);
   }
   QTokens tokens(int64_t p0) const {
     QTokens t;
@@ -250,15 +263,12 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
   };
   const std::vector<Item> up_items = make_items(routes, E, I, par.threads);
   const std::vector<Item> down_items = make_items(routes, E, H, par.threads);
-  if (!i8_2) {
-    run_up_then_down(par, up_items, down_items, E, up, down);
-  } else {
-    // Three passes: the int8 codes of the fc2 operand need a route's whole
-    // activation row, written by several gate/up items.
-    par.for_each(up_items.size(), [&](size_t i) { up(up_items[i]); });
-    maybe_parallel(par, R, R * I, [&](size_t p) { in2.finish(int64_t(p), int64_t(p) + 1); });
-    par.for_each(down_items.size(), [&](size_t i) { down(down_items[i]); });
-  }
+  // The int8 codes of the fc2 operand need a route's whole activation row,
+  // written by several gate/up items: the thread that ends an expert's last
+  // gate/up item quantises its rows before the expert's down items start.
+  run_up_then_down(par, up_items, down_items, E, up, down, [&](int64_t e) {
+    if (i8_2) in2.finish(begin[e], begin[e + 1]);
+  });
 
   // Phase 3: out[t] = sum over its routes (slot order) of weight * y_route.
   {
