@@ -129,3 +129,17 @@ def test_bad_folders_and_options(tmp_path, tiny_export, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert msg in err and "Traceback" not in err, (argv, err)
+
+
+def test_plot_without_matplotlib_fails_before_generating(tmp_path, tiny_export, capsys, monkeypatch):
+    """--plot on a Python without matplotlib is refused up front (exit 2, a
+    message naming the fix), not after the rounds have run."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    hina = tiny_export.fused("qwen3_moe").model.parent
+    assert main(["decode", str(hina), "--plot", str(tmp_path / "p.png"), "--json", str(tmp_path / "d.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--plot needs matplotlib" in err and "Traceback" not in err
+    assert not (tmp_path / "d.json").exists()

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "../aligned_buffer.h"
 #include "../avx512_hsum.h"
 #include "qgemm_avx2_common.h"
 #include "qmoe_ffn.h"
@@ -293,10 +294,12 @@ void qgemm_avx512(const QWeight& w, int64_t n0, int64_t n1, const float* X, int6
 // all four at once and each int32 lane of the two dots belongs to one
 // block; one conversion and one FMA by [s_w * s_x] per block finish four
 // blocks. A last group of 64 (K = 64 mod 128) goes as Pair32 on ymm. The
-// zero point 8 comes off once per row: - 8 sum_b s_w[b] s_x[b] sum(x codes of b).
+// zero point 8 is in the integer dot: each (token, lane) starts from
+// -8 * the sum of the token codes that lane meets (token_bias), so
+// sum (q - 8) x needs no correction afterwards.
 template <int R, int T, DType SDT>
-HZ_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, const float* ss, float* Y,
-                             int64_t ldy) {
+HZ_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, const int32_t* bias, int64_t ldb,
+                             float* Y, int64_t ldy) {
   const int64_t rb = w.row_bytes();
   const int64_t pf = prefetch_ahead(rb, R);
   const uint8_t* row[R];
@@ -322,8 +325,9 @@ HZ_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, cons
       const int8_t* xq = x.q + t * x.ld + k;
       const __m512i xe = _mm512_loadu_si512(xq), xo = _mm512_loadu_si512(xq + 64);
       const __m512 sx = _mm512_permutexvar_ps(quad, _mm512_zextps128_ps512(_mm_loadu_ps(x.scale + t * x.nb + b)));
+      const __m512i b0 = _mm512_loadu_si512(bias + t * ldb + k / 8);
       for (int r = 0; r < R; ++r) {
-        const __m512i acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], xe), hi[r], xo);
+        const __m512i acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(b0, lo[r], xe), hi[r], xo);
         tot[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(sw[r], sx), tot[r][t]);
       }
     }
@@ -345,7 +349,8 @@ HZ_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, cons
         const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32));
         const __m128 two = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.scale + t * x.nb + b)));
         const __m256 sx = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two), pairs);
-        const __m256i acc = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xe), hi, xo);
+        const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bias + t * ldb + k / 8));
+        const __m256i acc = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(b0, lo, xe), hi, xo);
         tail[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(sw, sx), tail[r][t]);
       }
     }
@@ -354,15 +359,15 @@ HZ_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, cons
   lane_sums<R, T>(tot, sum);
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t)
-      Y[t * ldy + r] = sum[r * T + t] + hsum(tail[r][t]) - 8.0f * dot_scales<SDT>(w, n + r, ss + t * x.nb);
+      Y[t * ldy + r] = sum[r * T + t] + hsum(tail[r][t]);
 }
 
 // 8-bit, blocks of 32 without zero points, tokens in k order: 64 codes (two
 // blocks, one per 256-bit half) per vpdpbusd and token, the codes raw
-// (u8 x s8 sums in int32), the zero point 128 once per row as above.
+// (u8 x s8 sums in int32), the zero point 128 in the start value as above.
 template <int R, int T, DType SDT>
-HZ_VNNI_FN void micro_i8_d32(const QWeight& w, int64_t n, const QTokens& x, const float* ss, float* Y,
-                             int64_t ldy) {
+HZ_VNNI_FN void micro_i8_d32(const QWeight& w, int64_t n, const QTokens& x, const int32_t* bias, int64_t ldb,
+                             float* Y, int64_t ldy) {
   const int64_t rb = w.row_bytes();
   const int64_t pf = prefetch_ahead(rb, R);
   const uint8_t* row[R];
@@ -384,8 +389,9 @@ HZ_VNNI_FN void micro_i8_d32(const QWeight& w, int64_t n, const QTokens& x, cons
       const __m512i xv = _mm512_loadu_si512(x.q + t * x.ld + k);
       const __m128 two = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.scale + t * x.nb + b)));
       const __m512 sx = _mm512_permutexvar_ps(dual, _mm512_zextps128_ps512(two));
+      const __m512i b0 = _mm512_loadu_si512(bias + t * ldb + k / 4);
       for (int r = 0; r < R; ++r) {
-        const __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[r], xv);
+        const __m512i acc = _mm512_dpbusd_epi32(b0, u[r], xv);
         tot[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(sw[r], sx), tot[r][t]);
       }
     }
@@ -393,26 +399,61 @@ HZ_VNNI_FN void micro_i8_d32(const QWeight& w, int64_t n, const QTokens& x, cons
   float sum[R * T];
   lane_sums<R, T>(tot, sum);
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) Y[t * ldy + r] = sum[r * T + t] - 128.0f * dot_scales<SDT>(w, n + r, ss + t * x.nb);
+    for (int t = 0; t < T; ++t) Y[t * ldy + r] = sum[r * T + t];
 }
 
 template <int BITS, int R, int T, DType SDT>
-void rows_i8(const QWeight& w, int64_t r0, int64_t r1, const QTokens& x, const float* ss, float* y, int64_t ldy) {
+void rows_i8(const QWeight& w, int64_t r0, int64_t r1, const QTokens& x, const int32_t* bias, int64_t ldb, float* y,
+             int64_t ldy) {
   auto micro = [&](auto rr, int64_t n) {
     constexpr int RR = decltype(rr)::value;
-    if constexpr (BITS == 4) micro_i8_q32<RR, T, SDT>(w, n, x, ss, y + (n - r0), ldy);
-    else micro_i8_d32<RR, T, SDT>(w, n, x, ss, y + (n - r0), ldy);
+    if constexpr (BITS == 4) micro_i8_q32<RR, T, SDT>(w, n, x, bias, ldb, y + (n - r0), ldy);
+    else micro_i8_d32<RR, T, SDT>(w, n, x, bias, ldb, y + (n - r0), ldy);
   };
   int64_t n = r0;
   for (; n + R <= r1; n += R) micro(std::integral_constant<int, R>(), n);
   for (; n < r1; ++n) micro(std::integral_constant<int, 1>(), n);
 }
 
+// The zero point's start values of the int8 dots: per token, for each
+// 64-byte group of its codes, -zp * (the sum of the codes each int32 lane
+// of the group meets), zp = 8 (4-bit: the even and the odd group of a
+// Quad32 or Pair32 unit share lanes) or 128 (8-bit). 4-bit: 16 lanes per
+// 128 elements (8 for the last 64), 8-bit: 16 per 64; ldb = K / 8 or K / 4.
+template <int BITS>
+HZ_VNNI_FN void token_bias(const QTokens& x, int64_t M, int64_t K, int32_t* bias, int64_t ldb) {
+  const __m512i zp = _mm512_set1_epi8(char(BITS == 4 ? 8 : 128));
+  for (int64_t m = 0; m < M; ++m) {
+    const int8_t* q = x.q + m * x.ld;
+    int32_t* out = bias + m * ldb;
+    int64_t k = 0;
+    if constexpr (BITS == 4) {
+      for (; k + 128 <= K; k += 128) {
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), zp, _mm512_loadu_si512(q + k)),
+                                              zp, _mm512_loadu_si512(q + k + 64));
+        _mm512_storeu_si512(out + k / 8, _mm512_sub_epi32(_mm512_setzero_si512(), s));
+      }
+      if (k < K) {
+        const __m256i z = _mm512_castsi512_si256(zp);
+        const __m256i s = _mm256_dpbusd_epi32(
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), z, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k))), z,
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k + 32)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k / 8), _mm256_sub_epi32(_mm256_setzero_si256(), s));
+      }
+    } else {
+      for (; k < K; k += 64) {
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), zp, _mm512_loadu_si512(q + k));
+        _mm512_storeu_si512(out + k / 4, _mm512_sub_epi32(_mm512_setzero_si512(), s));
+      }
+    }
+  }
+}
+
 template <int BITS, DType SDT>
 void qgemm_i8_t(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int64_t M, float* Y, int64_t ldy) {
-  // s_x * sum of codes per (token, block): the zero point's factor.
-  std::vector<float> ss(size_t(M * X.nb));
-  for (int64_t i = 0; i < M * X.nb; ++i) ss[size_t(i)] = X.scale[i] * float(X.sum[i]);
+  const int64_t ldb = BITS == 4 ? w.K / 8 : w.K / 4;
+  AlignedVector<int32_t> bias(size_t(M * ldb));
+  token_bias<BITS>(X, M, w.K, bias.data(), ldb);
   for (int64_t r0 = n0; r0 < n1; r0 += kRowBlock) {
     const int64_t r1 = std::min(n1, r0 + kRowBlock);
     for (int64_t m = 0; m < M; m += 4) {
@@ -420,13 +461,13 @@ void qgemm_i8_t(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int6
       x.q += m * X.ld;
       x.scale += m * X.nb;
       x.sum += m * X.nb;
-      const float* s = ss.data() + m * X.nb;
+      const int32_t* b = bias.data() + m * ldb;
       float* y = Y + m * ldy + (r0 - n0);
       switch (std::min<int64_t>(4, M - m)) {
-        case 1: rows_i8<BITS, 4, 1, SDT>(w, r0, r1, x, s, y, ldy); break;
-        case 2: rows_i8<BITS, 4, 2, SDT>(w, r0, r1, x, s, y, ldy); break;
-        case 3: rows_i8<BITS, 4, 3, SDT>(w, r0, r1, x, s, y, ldy); break;
-        default: rows_i8<BITS, 3, 4, SDT>(w, r0, r1, x, s, y, ldy); break;
+        case 1: rows_i8<BITS, 4, 1, SDT>(w, r0, r1, x, b, ldb, y, ldy); break;
+        case 2: rows_i8<BITS, 4, 2, SDT>(w, r0, r1, x, b, ldb, y, ldy); break;
+        case 3: rows_i8<BITS, 4, 3, SDT>(w, r0, r1, x, b, ldb, y, ldy); break;
+        default: rows_i8<BITS, 3, 4, SDT>(w, r0, r1, x, b, ldb, y, ldy); break;
       }
     }
   }

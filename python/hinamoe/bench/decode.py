@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import importlib.util
 import json
 import re
 import statistics
@@ -227,6 +228,9 @@ def _run(args) -> int:
     try:
         if args.prompt < 1 or args.new_tokens < 2 or args.rounds < 1 or args.threads < 1:
             raise ValueError("--prompt, --rounds and --threads must be >= 1, --new-tokens >= 2")
+        if args.plot and importlib.util.find_spec("matplotlib") is None:
+            # Say so before minutes of generation, not after.
+            raise ValueError("--plot needs matplotlib (pip install matplotlib, or hinamoe[bench])")
         name = detect_client(paths["HinaMoE"]) if args.client == "auto" else args.client
         for p in paths.values():
             _check_files(name, p)
