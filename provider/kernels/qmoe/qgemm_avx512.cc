@@ -113,6 +113,18 @@ HZ_INLINE void lane_sums(const __m512 (&v)[R][T], float* out) {
 
 // ---------------------------------------------------------------- float path
 
+// Y[t*ldy + r] (+)= the float path's R x T tile, its A accumulator sets added.
+template <int A, int R, int T>
+HZ_INLINE void store_tile(__m512 (&tot)[A][R][T], float* Y, int64_t ldy, bool acc) {
+  if constexpr (A == 2)
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) tot[0][r][t] = _mm512_add_ps(tot[0][r][t], tot[1][r][t]);
+  float sum[R * T];
+  lane_sums<R, T>(tot[0], sum);
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) Y[t * ldy + r] = (acc ? Y[t * ldy + r] : 0.0f) + sum[r * T + t];
+}
+
 // Rows [n, n+R) x tokens [0, T) of 4-bit codes; X in EvenOdd32 order. Each
 // (row, block) gets its table of 16 dequantised values; each 32 codes are one
 // zero-extending load, a shift and two vpermps, shared by the T tokens. With
@@ -159,13 +171,7 @@ HZ_FN void micro_f4(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const f
       }
     }
   }
-  if constexpr (A == 2)
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) tot[0][r][t] = _mm512_add_ps(tot[0][r][t], tot[1][r][t]);
-  float sum[R * T];
-  lane_sums<R, T>(tot[0], sum);
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) Y[t * ldy + r] = (acc ? Y[t * ldy + r] : 0.0f) + sum[r * T + t];
+  store_tile<A, R, T>(tot, Y, ldy, acc);
 }
 
 // The same for 8-bit codes in k order: 16 codes -> float -> q * s - zp * s.
@@ -203,13 +209,7 @@ HZ_FN void micro_f8(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const f
         }
     }
   }
-  if constexpr (A == 2)
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) tot[0][r][t] = _mm512_add_ps(tot[0][r][t], tot[1][r][t]);
-  float sum[R * T];
-  lane_sums<R, T>(tot[0], sum);
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) Y[t * ldy + r] = (acc ? Y[t * ldy + r] : 0.0f) + sum[r * T + t];
+  store_tile<A, R, T>(tot, Y, ldy, acc);
 }
 
 // Rows [r0, r1) x T tokens over columns [ka, kz) (multiples of 32); acc: add to y.

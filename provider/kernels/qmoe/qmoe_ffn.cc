@@ -95,6 +95,7 @@ struct Operand {
   bool int8 = false;
   TokenOrder order = TokenOrder::KOrder;    // of the int8 codes
   TokenOrder x_order = TokenOrder::KOrder;  // of the float rows
+  std::vector<int32_t> xpos;                // where element k of a float row goes (empty: k order)
 
   // The orders come from the tier's kernels for this operand's weights
   // (int8 operands quantise x from k order).
@@ -119,7 +120,6 @@ struct Operand {
       qsum.assign(size_t(R * nb), 0);
     }
   }
-  std::vector<int32_t> xpos;  // where element k of a float row goes (empty: k order)
   int64_t pos(int64_t k) const { return xpos.empty() ? k : xpos[size_t(k)]; }
   // The int8 codes of rows [p0, p1) after x is written.
   void finish(int64_t p0, int64_t p1) {
