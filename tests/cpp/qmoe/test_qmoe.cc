@@ -135,6 +135,37 @@ TEST(qmoe_gemm_float_matches_float64) {
         }
 }
 
+// Long rows with several token tiles: the avx512 float kernels cut K into
+// slices (a tile's tokens over 32 KiB) and add the slices' sums into Y.
+TEST(qmoe_gemm_float_long_rows_in_k_slices) {
+  for (const QuantKernels* qk : tiers())
+    for (int bits : {4, 8})
+      for (int64_t block : {0, 32, 128}) {
+        const int64_t N = ht::randint(3, 14), K = 32 * ht::randint(64, 100), M = ht::randint(5, 11);
+        const QW w = make_qw(bits, N, K, block, ht::randint(0, 1) == 1, int(ht::randint(0, 2)));
+        const int64_t ldx = K + 16;
+        std::vector<float> X(size_t(M * ldx)), Xk(X.size(), std::nanf(""));
+        for (auto& v : X) v = float(ht::uniform(-1, 1));
+        const TokenOrder order = qk->f_order(bits, w.view().block, K, w.has_zp);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t k = 0; k < K; ++k) Xk[size_t(m * ldx + token_pos(order, k, K))] = X[size_t(m * ldx + k)];
+        std::vector<float> Y(size_t(M * N), std::nanf(""));
+        qk->gemm[bits == 8](w.view(), 0, N, Xk.data(), ldx, M, Y.data(), N);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < K; ++k) {
+              const double t = w.deq(n, k) * X[size_t(m * ldx + k)];
+              ref += t;
+              mag += std::fabs(t);
+            }
+            CHECK_MSG(std::fabs(Y[size_t(m * N + n)] - ref) <= 1e-6 * mag + 1e-7,
+                      std::string(qk->name) + " long rows bits=" + std::to_string(bits) + " block=" +
+                          std::to_string(block) + " K=" + std::to_string(K) + " M=" + std::to_string(M));
+          }
+      }
+}
+
 TEST(qmoe_gemm_int8_tokens_exact_integer_math) {
   for (const QuantKernels* qk : tiers())
     for (int bits : {4, 8})
