@@ -240,6 +240,11 @@ void rows_f(const QWeight& w, int64_t r0, int64_t r1, int64_t ka, int64_t kz, co
 // would stream the tile's whole rows from L2 again (8 tokens of 2048 floats
 // are 64 KiB; in-cache A/B on Zen 5: X in L1 ~1.5x the FMA rate of X in L2).
 constexpr int64_t kSliceBytes = 16 * 1024;
+#ifndef HINAMOE_QZ_R1
+// Rows per 1-token micro-kernel (an A/B knob: 2, 6 and 12 rows against 4 on
+// Zen 5, DRAM-streaming C++ bench: no consistent gain; 12 lost 10-30%).
+#define HINAMOE_QZ_R1 4
+#endif
 
 template <int BITS, DType SDT, bool ZP>
 void qgemm_f_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
@@ -256,7 +261,7 @@ void qgemm_f_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t
         const int64_t T = M - m >= 8 ? 8 : std::min<int64_t>(4, M - m);
         const bool acc = ka > 0;
         switch (T) {
-          case 1: rows_f<BITS, 4, 1, SDT, ZP>(w, r0, r1, ka, kz, x, ldx, y, ldy, acc); break;
+          case 1: rows_f<BITS, HINAMOE_QZ_R1, 1, SDT, ZP>(w, r0, r1, ka, kz, x, ldx, y, ldy, acc); break;
           case 2: rows_f<BITS, 4, 2, SDT, ZP>(w, r0, r1, ka, kz, x, ldx, y, ldy, acc); break;
           case 3: rows_f<BITS, 4, 3, SDT, ZP>(w, r0, r1, ka, kz, x, ldx, y, ldy, acc); break;
           case 4: rows_f<BITS, 3, 4, SDT, ZP>(w, r0, r1, ka, kz, x, ldx, y, ldy, acc); break;
