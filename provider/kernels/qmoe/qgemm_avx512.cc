@@ -43,8 +43,10 @@ namespace {
 
 using namespace qavx2;
 
+// Chosen once: the check builds strings, and the kernels ask per work item.
 const QuantKernels& fallback() {
-  return avx_vnni_unavailable_reason().empty() ? quant_avx2_vnni() : quant_avx2();
+  static const QuantKernels& k = avx_vnni_unavailable_reason().empty() ? quant_avx2_vnni() : quant_avx2();
+  return k;
 }
 
 bool has_vnni() {
