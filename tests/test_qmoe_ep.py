@@ -337,14 +337,30 @@ def test_concurrent_runs(rng):
     assert not errors, errors[0]
 
 
-@pytest.mark.parametrize("numa", ["fake:2", "fake:4"])
-def test_simulated_numa_nodes(numa, rng):
-    """With several (simulated) nodes QMoE runs its plain path, correctly."""
-    cfg = QMoEConfig(hidden=128, inter=64, experts=4, k=2, bits=4, block_size=32, zero_points=True)
+@pytest.mark.parametrize("nodes", [2, 4, 8])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("isa", ["ref", "avx2", "avx512", "amx-emu"])
+def test_simulated_numa_nodes_partition_qmoe(nodes, bits, isa, rng, seed):
+    """Under simulated 2/4/8-node topologies every QMoE weight GEMM is split
+    by node along the page interleaving (rows of 768 4-bit or 8-bit codes
+    straddle 4 KiB pages, so segments end mid-row, at whole scale blocks);
+    the partial sums give the float64 reference. Scales, zero points, gate
+    layout, T and accuracy_level are drawn per run."""
+    require_isa(isa)
+    block = int(rng.choice([0, 32, 64, 128]))
+    al = 4 if block and rng.integers(2) else None
+    dtype = str(rng.choice(["float32", "float16", "bfloat16"]))
+    fusion = int(rng.integers(3))
+    cfg = QMoEConfig(hidden=768, inter=384, experts=4, k=2, bits=bits, block_size=block, dtype=dtype,
+                     zero_points=bool(rng.integers(2)), swiglu_fusion=fusion, fc1_bias=True, fc2_bias=True,
+                     fc3_bias=fusion == 0, accuracy_level=al)
     model, w = build_qmoe_model(cfg, rng)
-    x, lg, _ = _inputs(cfg, 6, rng)
-    out = _run(hina_session(model, threads=2, extra_options={"numa": numa}), cfg, x, lg)
-    check_close(out, qmoe_reference(cfg, x, lg, w), "float32", numa)
+    sess = hina_session(model, isa=isa, threads=2, extra_options={"numa": f"fake:{nodes}"})
+    for tokens in (1, int(rng.integers(2, 24))):
+        x, lg, _ = _inputs(cfg, tokens, rng)
+        check_close(_run(sess, cfg, x, lg), qmoe_reference(cfg, x, lg, w), dtype,
+                    f"seed {seed} fake:{nodes} {isa} bits={bits} block={block} al={al} fusion={fusion} T={tokens}",
+                    factor=2000 if al else 1.0)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

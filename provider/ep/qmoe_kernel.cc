@@ -1,9 +1,11 @@
 #include "qmoe_kernel.h"
 
+#include <memory>
 #include <vector>
 
 #include "ep.h"
 #include "kernel_base.h"
+#include "kernels/numa/plan_cache.h"
 #include "kernels/qmoe/qmoe_ffn.h"
 #include "qmoe_attrs.h"
 
@@ -28,6 +30,9 @@ hinamoe::DType to_dtype(ONNXTensorElementDataType t) {
 struct QMoEKernel : KernelBase<QMoEKernel> {
   hinamoe::QMoEAttrs attrs;
   const hinamoe::KernelTier* tier = nullptr;
+  std::shared_ptr<const hinamoe::numa::Topology> topology;  // null: one node
+  // Segment tables of this node's expert weights (cleared with the kernel).
+  mutable hinamoe::numa::PlanCache plans;
 
   QMoEKernel() : KernelBase("QMoE") {}
 
@@ -154,7 +159,10 @@ OrtStatus* QMoEKernel::compute(OrtKernelContext* context) const {
 
   Ort::UnownedValue out = ctx.GetOutput(0, xs);
   t.output = s.tokens > 0 ? out.GetTensorMutableRawData() : nullptr;
-  const std::string why = hinamoe::qmoe_ffn(s, attrs, t, *tier, ort_parallel(ctx));
+  hinamoe::MoEOptions opt;
+  opt.topology = topology.get();
+  opt.plans = &plans;
+  const std::string why = hinamoe::qmoe_ffn(s, attrs, t, *tier, ort_parallel(ctx), opt);
   if (!why.empty()) return error("", why);
   return nullptr;
 }
@@ -176,6 +184,7 @@ OrtStatus* ORT_API_CALL create_qmoe_kernel(void*, const OrtKernelInfo* info, Ort
   if (!why.empty()) return kernel->error("", why);
   const HinaEp::Options& options = static_cast<const HinaEp*>(ep)->options();
   kernel->tier = options.tier;
+  kernel->topology = options.topology;
   if (options.qmoe_int8_activations >= 0) kernel->attrs.int8_activations = options.qmoe_int8_activations == 1;
   *out = kernel.release();
   return nullptr;

@@ -145,30 +145,16 @@ std::string moe_ffn(const MoEShape& shape, const MoEAttrs& attrs, const MoETenso
   const int64_t N1 = is_gated(attrs.activation) ? 2 * shape.inter : shape.inter;
   int64_t route_bytes = (shape.hidden + N1 + shape.inter + 48) * int64_t(sizeof(float));
 
-  // NUMA: partition only with > 1 node (one node: this branch, nothing else).
-  std::unique_ptr<NumaRun> nr;
-  if (opt.topology != nullptr && opt.topology->num_nodes() > 1) {
-    if (opt.page_size < 0 || opt.page_size % 4 != 0)
-      return "NUMA page size " + std::to_string(opt.page_size) + " is not a non-negative multiple of 4";
-    static numa::PlanCache* const process_plans = new numa::PlanCache();  // never destroyed: used at exit
-    nr.reset(new NumaRun());
-    nr->topo = opt.topology;
-    nr->cache = opt.plans ? opt.plans : process_plans;
-    nr->page_size = opt.page_size;
-    nr->nodes = opt.topology->num_nodes();
-    route_bytes += (nr->nodes - 1) * std::max(N1, shape.hidden) * int64_t(sizeof(float));  // partials
-  }
+  std::unique_ptr<NumaRun> nr = make_numa_run(opt, &err);
+  if (!err.empty()) return err;
+  if (nr) route_bytes += (nr->nodes - 1) * std::max(N1, shape.hidden) * int64_t(sizeof(float));  // partials
 
   const int64_t chunk = std::max<int64_t>(1, kScratchBudgetBytes / (route_bytes * attrs.k));
   for (int64_t t0 = 0; t0 < shape.tokens; t0 += chunk) {
     err = run_chunk(shape, attrs, t, t0, std::min(chunk, shape.tokens - t0), tier, par, nr.get());
     if (!err.empty()) break;
   }
-  if (opt.stats && nr) {
-    opt.stats->partitioned_phases = nr->phases.load();
-    opt.stats->partition_items = nr->items.load();
-    opt.stats->stolen_items = nr->stolen.load();
-  }
+  if (nr) nr->report(opt.stats);
   return err;
 }
 

@@ -125,7 +125,31 @@ struct NumaRun {
   int64_t page_size = 0;
   int nodes = 1;
   std::atomic<int64_t> phases{0}, items{0}, stolen{0};
+
+  void report(MoEStats* stats) const {
+    if (stats == nullptr) return;
+    stats->partitioned_phases = phases.load();
+    stats->partition_items = items.load();
+    stats->stolen_items = stolen.load();
+  }
 };
+
+// The partitioned run of opt's topology: null with one node or none (the
+// plain path: one branch, nothing else), or on a bad page size (*err set).
+inline std::unique_ptr<NumaRun> make_numa_run(const MoEOptions& opt, std::string* err) {
+  if (opt.topology == nullptr || opt.topology->num_nodes() <= 1) return nullptr;
+  if (opt.page_size < 0 || opt.page_size % 4 != 0) {
+    *err = "NUMA page size " + std::to_string(opt.page_size) + " is not a non-negative multiple of 4";
+    return nullptr;
+  }
+  static numa::PlanCache* const process_plans = new numa::PlanCache();  // never destroyed: used at exit
+  std::unique_ptr<NumaRun> nr(new NumaRun());
+  nr->topo = opt.topology;
+  nr->cache = opt.plans ? opt.plans : process_plans;
+  nr->page_size = opt.page_size;
+  nr->nodes = opt.topology->num_nodes();
+  return nr;
+}
 
 // Everything on node 0: the table used when a weight has no plan (cannot
 // happen for valid shapes; kept so a planning failure costs locality only).
@@ -137,14 +161,19 @@ inline std::shared_ptr<const numa::SegmentTable> node0_table(int64_t rows, int64
   return t;
 }
 
-// The (cached) segment table of weight W [rows, cols] of type dt.
+// The (cached) segment table of weight W [rows, cols] of `bits`-wide
+// elements, boundaries snapped to `granule` elements (numa::snap_segments).
 inline std::shared_ptr<const numa::SegmentTable> weight_table(NumaRun& nr, const void* W, int64_t rows, int64_t cols,
-                                                              DType dt) {
-  const int bits = int(dtype_size(dt)) * 8;
+                                                              int bits, int64_t granule = 1) {
   std::string err;
-  auto t = nr.cache->get(*nr.topo, W, rows, cols, bits, nr.page_size, &err);
+  auto t = nr.cache->get(*nr.topo, W, rows, cols, bits, nr.page_size, &err, granule);
   if (!t || t->nodes != nr.nodes || t->rows != rows || t->cols != cols) return node0_table(rows, cols, bits, nr.nodes);
   return t;
+}
+
+inline std::shared_ptr<const numa::SegmentTable> weight_table(NumaRun& nr, const void* W, int64_t rows, int64_t cols,
+                                                              DType dt) {
+  return weight_table(nr, W, rows, cols, int(dtype_size(dt)) * 8);
 }
 
 // Runs fn(node, item, tmp) for every node and item in [0, n_items):

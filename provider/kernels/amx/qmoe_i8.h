@@ -43,6 +43,8 @@ struct AmxI8Weight {
                                          // n*ceil(nb/pack) + b/pack at bit (b%pack)*bits, pack = 8/bits
   int bits = 4;                          // 4 or 8
   int64_t N = 0, K = 0, block = 0;       // block: a power of two in [16, 65536]; K % block == 0
+  int64_t code_ld = 0;                   // bytes from row n's codes to row n+1's (0: K*bits/8)
+  int64_t zp_ld = 0;                     // the same for zero points (0: ceil(nb/pack))
 };
 
 // Tokens quantised per block of K: element (k, m) of q at vnni_i8_index(k, m, M).

@@ -28,7 +28,7 @@ namespace amx {
 // Zero point of block b of row n (ORT's block-wise packing; see AmxI8Weight).
 inline int32_t i8_zero_point(const AmxI8Weight& w, int64_t n, int64_t b) {
   if (w.zero_points == nullptr) return 1 << (w.bits - 1);
-  const int64_t pack = 8 / w.bits, nb = w.K / w.block, per_row = (nb + pack - 1) / pack;
+  const int64_t pack = 8 / w.bits, nb = w.K / w.block, per_row = w.zp_ld ? w.zp_ld : (nb + pack - 1) / pack;
   const uint8_t byte = w.zero_points[n * per_row + b / pack];
   return (byte >> ((b % pack) * w.bits)) & ((1 << w.bits) - 1);
 }
@@ -46,7 +46,7 @@ class QI8MicroKernel {
     const int ks = int(std::min<int64_t>(64, w.block));
     reshape(ks, ra0, ra1, mt0, mt1);
     const bool w1 = ra1 > 0, t1 = mt1 > 0;
-    const int64_t rb = w.K * w.bits / 8, ldb = 4 * x.M, nb = w.K / w.block;
+    const int64_t rb = w.code_ld ? w.code_ld : w.K * w.bits / 8, ldb = 4 * x.M, nb = w.K / w.block;
     const uint8_t* A0 = w.codes + n * rb;
     const uint8_t* A1 = w1 ? A0 + 16 * rb : A0;
     const int8_t* tb = x.q + 4 * mb;

@@ -1,6 +1,7 @@
 // plan_for_weight (placement detection) and its cache.
 #include "plan_cache.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "page_query.h"
@@ -56,9 +57,11 @@ std::shared_ptr<const SegmentTable> plan_for_weight(const Topology& topo, const 
 }
 
 std::shared_ptr<const SegmentTable> PlanCache::get(const Topology& topo, const void* W, int64_t rows, int64_t cols,
-                                                   int elem_bits, int64_t page_size, std::string* error) {
+                                                   int elem_bits, int64_t page_size, std::string* error,
+                                                   int64_t granule) {
   if (page_size <= 0) page_size = system_page_size();
-  const Key key{&topo, W, rows, cols, elem_bits, page_size};
+  granule = std::max<int64_t>(1, granule);
+  const Key key{&topo, W, rows, cols, elem_bits, page_size, granule};
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(key);
@@ -66,6 +69,7 @@ std::shared_ptr<const SegmentTable> PlanCache::get(const Topology& topo, const v
   }
   auto plan = plan_for_weight(topo, W, rows, cols, elem_bits, page_size, error);  // outside the lock
   if (!plan) return nullptr;
+  if (granule > 1) plan = std::make_shared<const SegmentTable>(snap_segments(*plan, granule));
   std::lock_guard<std::mutex> lock(mu_);
   // Weights fed as graph inputs arrive at a new address every run: bound the
   // cache instead of growing it forever (a dropped plan is rebuilt on use).

@@ -30,17 +30,19 @@ std::shared_ptr<const SegmentTable> plan_for_weight(const Topology& topo, const 
                                                     std::string* error = nullptr);
 
 // Thread-safe cache of plan_for_weight keyed by (topology, W, rows, cols,
-// elem_bits, page_size). Placement is assumed fixed for a weight's lifetime:
+// elem_bits, page_size, granule). Placement is assumed fixed for a weight's lifetime:
 // call clear() when weights are freed or migrated.
 class PlanCache {
  public:
+  // granule > 1: the table through snap_segments(granule).
   std::shared_ptr<const SegmentTable> get(const Topology& topo, const void* W, int64_t rows, int64_t cols,
-                                          int elem_bits, int64_t page_size = 0, std::string* error = nullptr);
+                                          int elem_bits, int64_t page_size = 0, std::string* error = nullptr,
+                                          int64_t granule = 1);
   void clear();
   size_t size() const;
 
  private:
-  using Key = std::tuple<const Topology*, const void*, int64_t, int64_t, int, int64_t>;
+  using Key = std::tuple<const Topology*, const void*, int64_t, int64_t, int, int64_t, int64_t>;
   mutable std::mutex mu_;
   std::map<Key, std::shared_ptr<const SegmentTable>> plans_;
 };

@@ -187,5 +187,42 @@ SegmentTable single_node_table(int64_t rows, int64_t cols, int elem_bits) {
   return t;
 }
 
+SegmentTable snap_segments(const SegmentTable& t, int64_t granule) {
+  if (granule <= 1) return t;
+  SegmentTable out = t;
+  const int64_t K = t.cols;
+  auto snap = [&](int64_t b) { return b >= K ? K : std::min(K, (b + granule / 2) / granule * granule); };
+  struct Piece {
+    int64_t k0, k1;
+    int node;
+  };
+  std::vector<Piece> row;
+  for (auto& s : out.segments) s.clear();
+  for (auto& rb : out.row_begin) rb.assign(1, 0);
+  for (int64_t r = 0; r < t.period_rows; ++r) {
+    row.clear();
+    for (int n = 0; n < t.nodes; ++n)
+      for (int64_t i = t.row_begin[size_t(n)][size_t(r)]; i < t.row_begin[size_t(n)][size_t(r) + 1]; ++i) {
+        const Segment& sg = t.segments[size_t(n)][size_t(i)];
+        row.push_back({sg.k_start, sg.k_end, n});
+      }
+    std::sort(row.begin(), row.end(), [](const Piece& a, const Piece& b) { return a.k0 < b.k0; });
+    std::vector<Piece> kept;
+    for (const Piece& p : row) {
+      const int64_t k0 = snap(p.k0), k1 = snap(p.k1);
+      if (k1 <= k0) continue;
+      if (!kept.empty() && kept.back().node == p.node && kept.back().k1 == k0) {
+        kept.back().k1 = k1;
+      } else {
+        kept.push_back({k0, k1, p.node});
+      }
+    }
+    for (const Piece& p : kept) out.segments[size_t(p.node)].push_back(Segment{r, p.k0, p.k1});
+    for (int n = 0; n < t.nodes; ++n)
+      out.row_begin[size_t(n)].push_back(int64_t(out.segments[size_t(n)].size()));
+  }
+  return out;
+}
+
 }  // namespace numa
 }  // namespace hinamoe

@@ -103,5 +103,13 @@ std::string build_page_map_table(int64_t rows, int64_t cols, int elem_bits, int 
 // One node (or placement ignored): period 1, row 0 -> [0, cols) on node 0.
 SegmentTable single_node_table(int64_t rows, int64_t cols, int elem_bits);
 
+// t with every boundary inside a row moved to the nearest multiple of
+// `granule` elements (0 and cols stay put; granule >= 1): segments left
+// empty vanish and neighbours on one node merge, so each row is still
+// covered exactly once. For kernels that can cut a row only at block
+// boundaries (QMoE's scale blocks); locality drops by at most granule / 2
+// elements per page boundary. granule >= cols gives each row to one node.
+SegmentTable snap_segments(const SegmentTable& t, int64_t granule);
+
 }  // namespace numa
 }  // namespace hinamoe

@@ -16,10 +16,13 @@ using AmxBlockFn = void (*)(const AmxI8Weight&, const AmxI8Tokens&, int64_t, int
 template <AmxBlockFn Fn>
 void qgemm_i8_amx_t(const QWeight& w, int64_t n0, int64_t n1, const QTokens& x, int64_t M, float* Y, int64_t ldy) {
   if (M <= 0 || n0 >= n1) return;
-  const int64_t rows = n1 - n0, pack = 8 / w.bits, per_row = (w.nb + pack - 1) / pack;
+  const int64_t rows = n1 - n0, pack = 8 / w.bits;
+  const int64_t zp_ld = w.zp_ld ? w.zp_ld : (w.nb + pack - 1) / pack;
   AmxI8Weight aw;
-  aw.codes = w.codes + n0 * w.row_bytes();
-  aw.zero_points = w.zero_points ? w.zero_points + n0 * per_row : nullptr;
+  aw.codes = w.codes + n0 * w.row_stride();
+  aw.code_ld = w.row_stride();
+  aw.zero_points = w.zero_points ? w.zero_points + n0 * zp_ld : nullptr;
+  aw.zp_ld = zp_ld;
   aw.bits = w.bits;
   aw.N = rows;
   aw.K = w.K;
@@ -30,7 +33,8 @@ void qgemm_i8_amx_t(const QWeight& w, int64_t n0, int64_t n1, const QTokens& x, 
   at.M = M;
   at.K = w.K;
   at.block = w.block;
-  thread_local std::vector<float> scales;
+  thread_local std::vector<float> scales, tscale;
+  thread_local std::vector<int32_t> tsum;
   thread_local std::vector<int8_t> vnni;
   scales.resize(size_t(rows * w.nb));
   vnni.resize(size_t(M * w.K));
@@ -39,10 +43,21 @@ void qgemm_i8_amx_t(const QWeight& w, int64_t n0, int64_t n1, const QTokens& x, 
   // Row-wise zero points are packed by row, not by block: the ref kernel
   // takes those, a partial last block (block not dividing K), and anything
   // else the AMX kernel does not (block size).
-  if ((w.nb == 1 && w.zero_points) || w.K % w.block != 0 || !amx_i8_unsupported_reason(aw, at).empty())
+  if ((w.rowwise_zero_points() && w.zero_points) || w.K % w.block != 0 || !amx_i8_unsupported_reason(aw, at).empty())
     return quant_ref().gemm_i8[w.bits == 8](w, n0, n1, x, M, Y, ldy);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < w.nb; ++b) scales[size_t(r * w.nb + b)] = w.scale(n0 + r, b);
+  if (x.scale_stride() != w.nb) {  // a K slice (NUMA): the kernel reads [M, nb]
+    tscale.resize(size_t(M * w.nb));
+    tsum.resize(size_t(M * w.nb));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t b = 0; b < w.nb; ++b) {
+        tscale[size_t(m * w.nb + b)] = x.scale[m * x.scale_stride() + b];
+        tsum[size_t(m * w.nb + b)] = x.sum[m * x.scale_stride() + b];
+      }
+    at.scale = tscale.data();
+    at.sum = tsum.data();
+  }
   amx_i8_tokens_to_vnni(x.q, x.ld, M, w.K, vnni.data());
   Fn(aw, at, 0, rows, Y, ldy);
 }

@@ -30,7 +30,7 @@ using namespace qavx2;
 // tokens; no cancellation, no per-block epilogue.
 template <int BITS, int R, int T, DType SDT, bool ZP>
 HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
-  const int64_t rb = w.row_bytes(), bs = w.block;
+  const int64_t rb = w.row_stride(), bs = w.block;
   const uint8_t* row[R];
   const int64_t pf = prefetch_ahead(rb, R);
   for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
@@ -80,7 +80,7 @@ HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, flo
 // micro_f's 8-wide step and a scalar tail.
 template <int R, int T, DType SDT, bool ZP>
 HQ_FN void micro_f4(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
-  const int64_t rb = w.row_bytes(), bs = w.block;
+  const int64_t rb = w.row_stride(), bs = w.block;
   const uint8_t* row[R];
   const int64_t pf = prefetch_ahead(rb, R);
   for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
@@ -147,7 +147,7 @@ HQ_FN void micro_f4(const QWeight& w, int64_t n, const float* X, int64_t ldx, fl
 template <int BITS, int R, int T, DType SDT>
 HQ_FN void micro_fq_b32(const QWeight& w, int64_t n, const float* X, int64_t ldx, const float* xs, float* Y,
                         int64_t ldy) {
-  const int64_t rb = w.row_bytes();
+  const int64_t rb = w.row_stride();
   const uint8_t* row[R];
   for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
   const int64_t pf = prefetch_ahead(rb, R);

@@ -47,7 +47,7 @@ HQ_INLINE float hsum(__m256 v) {
 
 template <DType SDT>
 HQ_INLINE float scale_at(const QWeight& w, int64_t n, int64_t b) {
-  const int64_t i = n * w.nb + b;
+  const int64_t i = n * w.scale_stride() + b;
   if constexpr (SDT == DType::F32) return static_cast<const float*>(w.scales)[i];
   else if constexpr (SDT == DType::F16) return _cvtsh_ss(static_cast<const uint16_t*>(w.scales)[i]);
   else return bf16_to_f32(static_cast<const uint16_t*>(w.scales)[i]);
@@ -56,7 +56,7 @@ HQ_INLINE float scale_at(const QWeight& w, int64_t n, int64_t b) {
 // 8 scales of row n from block b on, as floats.
 template <DType SDT>
 HQ_INLINE __m256 scales8(const QWeight& w, int64_t n, int64_t b) {
-  const int64_t i = n * w.nb + b;
+  const int64_t i = n * w.scale_stride() + b;
   if constexpr (SDT == DType::F32) {
     return _mm256_loadu_ps(static_cast<const float*>(w.scales) + i);
   } else {

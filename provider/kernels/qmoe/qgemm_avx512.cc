@@ -73,7 +73,7 @@ TokenOrder avx512_i8_order(int bits, int64_t block, int64_t K, bool zero_points)
 }
 
 HZ_INLINE const void* scale_ptr(const QWeight& w, int64_t n, int64_t b, int esize) {
-  return static_cast<const char*>(w.scales) + (n * w.nb + b) * esize;
+  return static_cast<const char*>(w.scales) + (n * w.scale_stride() + b) * esize;
 }
 
 // 4 / 2 consecutive block scales of row n from block b, as floats.
@@ -136,7 +136,7 @@ template <int R, int T, DType SDT, bool ZP, bool B32>
 HZ_FN void micro_f4(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const float* X, int64_t ldx, float* Y,
                    int64_t ldy, bool acc) {
   constexpr int A = T <= 2 ? 2 : 1;
-  const int64_t rb = w.row_bytes();
+  const int64_t rb = w.row_stride();
   const int64_t pf = prefetch_ahead(rb, R);
   const uint8_t* row[R];
   for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
@@ -181,7 +181,7 @@ template <int R, int T, DType SDT, bool ZP, bool B32>
 HZ_FN void micro_f8(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const float* X, int64_t ldx, float* Y,
                    int64_t ldy, bool acc) {
   constexpr int A = T <= 2 ? 2 : 1;
-  const int64_t rb = w.row_bytes();
+  const int64_t rb = w.row_stride();
   const int64_t pf = prefetch_ahead(rb, R);
   const uint8_t* row[R];
   for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
@@ -307,7 +307,7 @@ void qgemm_avx512(const QWeight& w, int64_t n0, int64_t n1, const float* X, int6
 template <int R, int T, DType SDT>
 HZ_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, const int32_t* bias, int64_t ldb,
                              float* Y, int64_t ldy) {
-  const int64_t rb = w.row_bytes();
+  const int64_t rb = w.row_stride();
   const int64_t pf = prefetch_ahead(rb, R);
   const uint8_t* row[R];
   for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
@@ -331,7 +331,7 @@ HZ_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, cons
     for (int t = 0; t < T; ++t) {
       const int8_t* xq = x.q + t * x.ld + k;
       const __m512i xe = _mm512_loadu_si512(xq), xo = _mm512_loadu_si512(xq + 64);
-      const __m512 sx = _mm512_permutexvar_ps(quad, _mm512_zextps128_ps512(_mm_loadu_ps(x.scale + t * x.nb + b)));
+      const __m512 sx = _mm512_permutexvar_ps(quad, _mm512_zextps128_ps512(_mm_loadu_ps(x.scale + t * x.scale_stride() + b)));
       const __m512i b0 = _mm512_loadu_si512(bias + t * ldb + k / 8);
       for (int r = 0; r < R; ++r) {
         const __m512i acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(b0, lo[r], xe), hi[r], xo);
@@ -354,7 +354,7 @@ HZ_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, cons
         const int8_t* xq = x.q + t * x.ld + k;
         const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
         const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32));
-        const __m128 two = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.scale + t * x.nb + b)));
+        const __m128 two = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.scale + t * x.scale_stride() + b)));
         const __m256 sx = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two), pairs);
         const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bias + t * ldb + k / 8));
         const __m256i acc = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(b0, lo, xe), hi, xo);
@@ -375,7 +375,7 @@ HZ_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, cons
 template <int R, int T, DType SDT>
 HZ_VNNI_FN void micro_i8_d32(const QWeight& w, int64_t n, const QTokens& x, const int32_t* bias, int64_t ldb,
                              float* Y, int64_t ldy) {
-  const int64_t rb = w.row_bytes();
+  const int64_t rb = w.row_stride();
   const int64_t pf = prefetch_ahead(rb, R);
   const uint8_t* row[R];
   for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
@@ -394,7 +394,7 @@ HZ_VNNI_FN void micro_i8_d32(const QWeight& w, int64_t n, const QTokens& x, cons
     }
     for (int t = 0; t < T; ++t) {
       const __m512i xv = _mm512_loadu_si512(x.q + t * x.ld + k);
-      const __m128 two = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.scale + t * x.nb + b)));
+      const __m128 two = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.scale + t * x.scale_stride() + b)));
       const __m512 sx = _mm512_permutexvar_ps(dual, _mm512_zextps128_ps512(two));
       const __m512i b0 = _mm512_loadu_si512(bias + t * ldb + k / 4);
       for (int r = 0; r < R; ++r) {
@@ -466,8 +466,8 @@ void qgemm_i8_t(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int6
     for (int64_t m = 0; m < M; m += 4) {
       QTokens x = X;
       x.q += m * X.ld;
-      x.scale += m * X.nb;
-      x.sum += m * X.nb;
+      x.scale += m * X.scale_stride();
+      x.sum += m * X.scale_stride();
       const int32_t* b = bias.data() + m * ldb;
       float* y = Y + m * ldy + (r0 - n0);
       switch (std::min<int64_t>(4, M - m)) {

@@ -30,8 +30,8 @@ void qgemm_i8_ref(const QWeight& w, int64_t n0, int64_t n1, const QTokens& x, in
         for (int64_t k = b * w.block; k < w.block_end(b); ++k) {
           dot += w.code(n, k) * int32_t(x.q[m * x.ld + token_pos(x.order, k, w.K)]);
         }
-        dot -= w.zero_point(n, b) * x.sum[m * x.nb + b];
-        acc += w.scale(n, b) * x.scale[m * x.nb + b] * float(dot);
+        dot -= w.zero_point(n, b) * x.sum[m * x.scale_stride() + b];
+        acc += w.scale(n, b) * x.scale[m * x.scale_stride() + b] * float(dot);
       }
       Y[m * ldy + (n - n0)] = acc;
     }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "../activation.h"
@@ -93,6 +94,7 @@ struct Operand {
   std::vector<float> qscale;
   std::vector<int32_t> qsum;
   bool int8 = false;
+  bool zero_points = false;                 // the orders are those for weights with zero points
   TokenOrder order = TokenOrder::KOrder;    // of the int8 codes
   TokenOrder x_order = TokenOrder::KOrder;  // of the float rows
   std::vector<int32_t> xpos;                // where element k of a float row goes (empty: k order)
@@ -100,15 +102,16 @@ struct Operand {
   // The orders come from the tier's kernels for this operand's weights
   // (int8 operands quantise x from k order).
   void init(const QuantKernels& qk, int bits, int64_t R, int64_t K_, int64_t nb_, int64_t block_size, bool int8_,
-            bool zero_points) {
+            bool zero_points_) {
     K = K_;
     nb = nb_;
     block = nb == 1 ? K : block_size;
     ld = padded_ld(K);
     ldq = (K + 63) / 64 * 64 + (K % 4096 == 0 ? 64 : 0);  // off 4 KiB multiples, as padded_ld
     int8 = int8_;
-    order = int8 ? qk.i8_order(bits, block, K, zero_points) : TokenOrder::KOrder;
-    x_order = int8 ? TokenOrder::KOrder : qk.f_order(bits, block, K, zero_points);
+    zero_points = zero_points_;
+    order = int8 ? qk.i8_order(bits, block, K, zero_points_) : TokenOrder::KOrder;
+    x_order = int8 ? TokenOrder::KOrder : qk.f_order(bits, block, K, zero_points_);
     if (x_order != TokenOrder::KOrder)
       for (int64_t k = 0; k < K; ++k) xpos.push_back(int32_t(token_pos(x_order, k, K)));
     x.assign(size_t(R * ld), 0.0f);
@@ -140,19 +143,95 @@ struct Operand {
   }
 };
 
-// One GEMM of rows [n0, n1) of w for the M routes starting at p0.
+// One GEMM of rows [n0, n1) of w, columns [k0, k1) (default: all), for the
+// M routes starting at p0.
 void run_gemm(const QuantKernels& qk, const QWeight& w, const Operand& op, int64_t p0, int64_t M, int64_t n0,
-              int64_t n1, float* Y, int64_t ldy) {
+              int64_t n1, float* Y, int64_t ldy, int64_t k0 = 0, int64_t k1 = -1) {
   const int bi = w.bits == 8 ? 1 : 0;
+  if (k1 < 0) k1 = w.K;
+  const bool whole = k0 == 0 && k1 == w.K;
+  const QWeight v = whole ? w : w.slice(k0, k1);
   if (op.int8) {
-    qk.gemm_i8[bi](w, n0, n1, op.tokens(p0), M, Y, ldy);
+    const QTokens x = op.tokens(p0);
+    qk.gemm_i8[bi](v, n0, n1, whole ? x : x.slice(k0, k1 - k0), M, Y, ldy);
   } else {
-    qk.gemm[bi](w, n0, n1, op.x.data() + p0 * op.ld, op.ld, M, Y, ldy);
+    qk.gemm[bi](v, n0, n1, op.x.data() + p0 * op.ld + k0, op.ld, M, Y, ldy);
+  }
+}
+
+// Where the NUMA path may cut w's rows (elements) for operand op: at
+// multiples of the block (whole scales), of two blocks with 4-bit zero
+// points (a byte holds two), and of 128, so every token order's group stays
+// whole (token_pos maps k0 to k0). A slice's kernel must read op's order:
+// the tiers' orders depend on K only modulo 128 (QuantKernels), so the
+// inner slices (K a multiple of g) and the last (K mod g more) are checked
+// once; where they differ (K = 272 runs the avx2 kernels on the avx512 tier,
+// a slice of 256 the zmm ones), and with a partial last block: whole rows.
+int64_t cut_granule(const QuantKernels& qk, const QWeight& w, const Operand& op) {
+  if (w.K % w.block != 0) return w.K;
+  int64_t g = 128;
+  if (w.nb > 1) {  // block-wise
+    g = std::max(g, w.block);
+    if (w.zero_points != nullptr && w.bits == 4) g = std::max(g, 2 * w.block);
+  }
+  auto order = [&](int64_t K) {
+    const int64_t block = w.nb > 1 ? w.block : K;
+    return op.int8 ? qk.i8_order(w.bits, block, K, op.zero_points) : qk.f_order(w.bits, block, K, op.zero_points);
+  };
+  const TokenOrder want = op.int8 ? op.order : op.x_order;
+  if (order(g) != want || order(g + w.K % g) != want) return w.K;
+  return g;
+}
+
+// One node's partial of rows [r0, r1) of w (NUMA):
+//   P[m*ldp + (r - r0)] = sum over the node's segments (r, k0, k1) of row r
+//                         of the dot of w[r, k0:k1] with the route's tokens
+// (0 for rows without a local segment). Neighbouring rows with the same
+// segments (the rows of one page) share each kernel call.
+void node_partial(const numa::SegmentTable& tb, int node, const QuantKernels& qk, const QWeight& w,
+                  const Operand& op, int64_t p0, int64_t M, int64_t r0, int64_t r1, float* P, int64_t ldp,
+                  std::vector<float>& tmp) {
+  if (M <= 0 || r1 <= r0) return;
+  const int64_t Tx = std::max<int64_t>(1, tb.period_rows);
+  const bool have = node < tb.nodes;
+  auto segs = [&](int64_t r, const numa::Segment** first) {
+    if (!have) return int64_t(0);
+    const std::vector<int64_t>& rb = tb.row_begin[size_t(node)];
+    const int64_t rho = r % Tx, s0 = rb[size_t(rho)];
+    *first = tb.segments[size_t(node)].data() + s0;
+    return rb[size_t(rho) + 1] - s0;
+  };
+  auto same = [](const numa::Segment* a, const numa::Segment* b, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+      if (a[i].k_start != b[i].k_start || a[i].k_end != b[i].k_end) return false;
+    return true;
+  };
+  for (int64_t r = r0; r < r1;) {
+    const numa::Segment* sg = nullptr;
+    const int64_t ns = segs(r, &sg);
+    int64_t e = r + 1;
+    for (const numa::Segment* sg2 = nullptr; e < r1 && segs(e, &sg2) == ns && (ns == 0 || same(sg, sg2, ns));) ++e;
+    float* out = P + (r - r0);
+    if (ns == 0) {
+      for (int64_t m = 0; m < M; ++m) std::fill(out + m * ldp, out + m * ldp + (e - r), 0.0f);
+    } else {
+      run_gemm(qk, w, op, p0, M, r, e, out, ldp, sg[0].k_start, sg[0].k_end);
+      if (ns > 1) {
+        const int64_t cnt = e - r;
+        if (tmp.size() < size_t(M * cnt)) tmp.resize(size_t(M * cnt));
+        for (int64_t i = 1; i < ns; ++i) {
+          run_gemm(qk, w, op, p0, M, r, e, tmp.data(), cnt, sg[i].k_start, sg[i].k_end);
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t c = 0; c < cnt; ++c) out[m * ldp + c] += tmp[size_t(m * cnt + c)];
+        }
+      }
+    }
+    r = e;
   }
 }
 
 std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETensors& t, int64_t t0,
-                      int64_t tokens, const QuantKernels& qk, const Parallel& par) {
+                      int64_t tokens, const QuantKernels& qk, const Parallel& par, NumaRun* nr) {
   const MoEAttrs& at = qa.moe;
   const int64_t H = shape.hidden, I = shape.inter, E = shape.experts, k = at.k;
   const DType dt = t.dtype;
@@ -208,23 +287,28 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
   auto w3 = [&](int64_t e) { return expert_weight(t.fc3_w, t.fc3_s, t.fc3_zp, dt, qa.bits, I, H, t.fc3_nb, qa.block_size, e); };
   auto w2 = [&](int64_t e) { return expert_weight(t.fc2_w, t.fc2_s, t.fc2_zp, dt, qa.bits, H, I, t.fc2_nb, qa.block_size, e); };
 
-  // Phase 1: gate/up GEMMs, biases, activation -> in2.x.
-  auto up = [&](const Item& it) {
+  // Phase 1: gate/up GEMMs into h1 (gemm(weight, fc, rows, Y) per weight
+  // row range, fc 1 or 3), then biases and the activation -> in2.x.
+  auto up_gemms = [&](const Item& it, float* h, auto&& gemm) {
     const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
-    const int64_t p0 = begin[e], M = begin[e + 1] - p0;
-    float* Y = &h1[size_t(p0 * N1)];
+    float* Y = h + begin[e] * N1;
     const QWeight a = w1(e);
     if (!gated) {
-      run_gemm(qk, a, in1, p0, M, j0, j1, Y + j0, N1);
+      gemm(a, 1, j0, j1, Y + j0);
     } else if (at.gate_layout == GateLayout::Interleaved) {
-      run_gemm(qk, a, in1, p0, M, 2 * j0, 2 * j1, Y + 2 * j0, N1);
+      gemm(a, 1, 2 * j0, 2 * j1, Y + 2 * j0);
     } else if (at.gate_layout == GateLayout::Stacked) {
-      run_gemm(qk, a, in1, p0, M, j0, j1, Y + j0, N1);
-      run_gemm(qk, a, in1, p0, M, I + j0, I + j1, Y + I + j0, N1);
+      gemm(a, 1, j0, j1, Y + j0);
+      gemm(a, 1, I + j0, I + j1, Y + I + j0);
     } else {
-      run_gemm(qk, a, in1, p0, M, j0, j1, Y + j0, N1);
-      run_gemm(qk, w3(e), in1, p0, M, j0, j1, Y + I + j0, N1);
+      gemm(a, 1, j0, j1, Y + j0);
+      gemm(w3(e), 3, j0, j1, Y + I + j0);
     }
+  };
+  auto activation = [&](const Item& it) {
+    const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
+    const int64_t p0 = begin[e], M = begin[e + 1] - p0;
+    const float* Y = &h1[size_t(p0 * N1)];
     for (int64_t m = 0; m < M; ++m) {
       const float* yv = Y + m * N1;
       float* av = &in2.x[size_t((p0 + m) * in2.ld)];
@@ -249,26 +333,94 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
       }
     }
   };
-  // Phase 2: down GEMM + fc2 bias -> per-route rows y.
-  auto down = [&](const Item& it) {
-    const int64_t e = it.expert, n0 = it.b0, n1 = it.b1;
-    const int64_t p0 = begin[e], M = begin[e + 1] - p0;
-    run_gemm(qk, w2(e), in2, p0, M, n0, n1, &y[size_t(p0 * H + n0)], H);
-    if (t.fc2_b) {
-      for (int64_t n = n0; n < n1; ++n) {
-        const float b = load_as_f32(t.fc2_b, e * H + n, dt);
-        for (int64_t m = 0; m < M; ++m) y[size_t((p0 + m) * H + n)] += b;
-      }
+  // Phase 2: down GEMM into y, then the fc2 bias.
+  auto down_bias = [&](const Item& it) {
+    if (!t.fc2_b) return;
+    const int64_t e = it.expert, p0 = begin[e], M = begin[e + 1] - p0;
+    for (int64_t n = it.b0; n < it.b1; ++n) {
+      const float b = load_as_f32(t.fc2_b, e * H + n, dt);
+      for (int64_t m = 0; m < M; ++m) y[size_t((p0 + m) * H + n)] += b;
     }
   };
   const std::vector<Item> up_items = make_items(routes, E, I, par.threads);
   const std::vector<Item> down_items = make_items(routes, E, H, par.threads);
-  // The int8 codes of the fc2 operand need a route's whole activation row,
-  // written by several gate/up items: the thread that ends an expert's last
-  // gate/up item quantises its rows before the expert's down items start.
-  run_up_then_down(par, up_items, down_items, E, up, down, [&](int64_t e) {
-    if (i8_2) in2.finish(begin[e], begin[e + 1]);
-  });
+
+  if (nr == nullptr) {
+    // The int8 codes of the fc2 operand need a route's whole activation row,
+    // written by several gate/up items: the thread that ends an expert's last
+    // gate/up item quantises its rows before the expert's down items start.
+    run_up_then_down(
+        par, up_items, down_items, E,
+        [&](const Item& it) {
+          const int64_t p0 = begin[it.expert], M = begin[it.expert + 1] - p0;
+          up_gemms(it, h1.data(), [&](const QWeight& w, int, int64_t n0, int64_t n1, float* Y) {
+            run_gemm(qk, w, in1, p0, M, n0, n1, Y, N1);
+          });
+          activation(it);
+        },
+        [&](const Item& it) {
+          const int64_t e = it.expert, p0 = begin[e], M = begin[e + 1] - p0;
+          run_gemm(qk, w2(e), in2, p0, M, it.b0, it.b1, &y[size_t(p0 * H + it.b0)], H);
+          down_bias(it);
+        },
+        [&](int64_t e) {
+          if (i8_2) in2.finish(begin[e], begin[e + 1]);
+        });
+  } else {
+    // NUMA: each phase as node-partitioned items (partial sums over the
+    // node's segments of each weight: node 0 into h1 / y, node n into
+    // part[n - 1]), then the partials added in node order and the epilogue.
+    const int nodes = nr->nodes;
+    std::vector<std::shared_ptr<const numa::SegmentTable>> tab1(static_cast<size_t>(E)), tab3(static_cast<size_t>(E)),
+        tab2(static_cast<size_t>(E));
+    auto table = [&](const QWeight& w, const Operand& op, int64_t rows) {
+      return weight_table(*nr, w.codes, rows, w.K, w.bits, cut_granule(qk, w, op));
+    };
+    for (int64_t e = 0; e < E; ++e) {
+      if (begin[e + 1] == begin[e]) continue;
+      tab1[size_t(e)] = table(w1(e), in1, F1);
+      if (t.fc3_w) tab3[size_t(e)] = table(w3(e), in1, I);
+      tab2[size_t(e)] = table(w2(e), in2, H);
+    }
+    const int64_t stride1 = R * N1, stride2 = R * H;
+    std::vector<float> part(size_t((nodes - 1) * std::max(stride1, stride2)));
+    run_node_items(par, *nr, up_items.size(), [&](int node, size_t i, std::vector<float>& tmp) {
+      const Item& it = up_items[i];
+      const int64_t e = it.expert, p0 = begin[e], M = begin[e + 1] - p0;
+      float* h = node == 0 ? h1.data() : &part[size_t((node - 1) * stride1)];
+      up_gemms(it, h, [&](const QWeight& w, int fc, int64_t n0, int64_t n1, float* Y) {
+        node_partial(fc == 3 ? *tab3[size_t(e)] : *tab1[size_t(e)], node, qk, w, in1, p0, M, n0, n1, Y, N1, tmp);
+      });
+    });
+    par.for_each(up_items.size(), [&](size_t i) {
+      const Item& it = up_items[i];
+      const int64_t p0 = begin[it.expert], M = begin[it.expert + 1] - p0;
+      float* Y = &h1[size_t(p0 * N1)];
+      const float* Pp = part.data() + p0 * N1;
+      if (!gated) {
+        add_partials(Y, Pp, nodes, stride1, M, N1, it.b0, it.b1);
+      } else if (at.gate_layout == GateLayout::Interleaved) {
+        add_partials(Y, Pp, nodes, stride1, M, N1, 2 * it.b0, 2 * it.b1);
+      } else {
+        add_partials(Y, Pp, nodes, stride1, M, N1, it.b0, it.b1);
+        add_partials(Y, Pp, nodes, stride1, M, N1, I + it.b0, I + it.b1);
+      }
+      activation(it);
+    });
+    if (i8_2) maybe_parallel(par, E, R * I, [&](size_t e) { in2.finish(begin[e], begin[e + 1]); });
+    run_node_items(par, *nr, down_items.size(), [&](int node, size_t i, std::vector<float>& tmp) {
+      const Item& it = down_items[i];
+      const int64_t e = it.expert, p0 = begin[e], M = begin[e + 1] - p0;
+      float* Y = (node == 0 ? y.data() : &part[size_t((node - 1) * stride2)]) + p0 * H;
+      node_partial(*tab2[size_t(e)], node, qk, w2(e), in2, p0, M, it.b0, it.b1, Y + it.b0, H, tmp);
+    });
+    par.for_each(down_items.size(), [&](size_t i) {
+      const Item& it = down_items[i];
+      const int64_t p0 = begin[it.expert], M = begin[it.expert + 1] - p0;
+      add_partials(y.data() + p0 * H, part.data() + p0 * H, nodes, stride2, M, H, it.b0, it.b1);
+      down_bias(it);
+    });
+  }
 
   // Phase 3: out[t] = sum over its routes (slot order) of weight * y_route.
   {
@@ -340,17 +492,27 @@ std::string validate_qmoe(const MoEShape& s, const QMoEAttrs& a, const QMoETenso
 
 std::string qmoe_ffn(const MoEShape& shape, const QMoEAttrs& attrs, const QMoETensors& t, const KernelTier& tier,
                      const Parallel& par) {
+  return qmoe_ffn(shape, attrs, t, tier, par, MoEOptions{});
+}
+
+std::string qmoe_ffn(const MoEShape& shape, const QMoEAttrs& attrs, const QMoETensors& t, const KernelTier& tier,
+                     const Parallel& par, const MoEOptions& opt) {
+  if (opt.stats) *opt.stats = MoEStats{};
   std::string err = validate_qmoe(shape, attrs, t);
   if (!err.empty()) return err;
   if (shape.tokens == 0) return "";
   const QuantKernels& qk = quant_kernels_for(tier);
   const int64_t N1 = is_gated(attrs.moe.activation) ? 2 * shape.inter : shape.inter;
-  const int64_t route_bytes = (2 * shape.hidden + N1 + 2 * shape.inter + 64) * int64_t(sizeof(float));
+  int64_t route_bytes = (2 * shape.hidden + N1 + 2 * shape.inter + 64) * int64_t(sizeof(float));
+  std::unique_ptr<NumaRun> nr = make_numa_run(opt, &err);
+  if (!err.empty()) return err;
+  if (nr) route_bytes += (nr->nodes - 1) * std::max(N1, shape.hidden) * int64_t(sizeof(float));  // partials
   const int64_t chunk = std::max<int64_t>(1, kScratchBudgetBytes / (route_bytes * attrs.moe.k));
   for (int64_t t0 = 0; t0 < shape.tokens; t0 += chunk) {
-    err = run_chunk(shape, attrs, t, t0, std::min(chunk, shape.tokens - t0), qk, par);
+    err = run_chunk(shape, attrs, t, t0, std::min(chunk, shape.tokens - t0), qk, par, nr.get());
     if (!err.empty()) break;
   }
+  if (nr) nr->report(opt.stats);
   return err;
 }
 

@@ -42,20 +42,55 @@ struct QWeight {
   int64_t block = 0;  // elements per scale along K (K when row-wise)
   int64_t nb = 1;     // blocks per row: ceil(K / block), the last may be partial
 
+  // Row strides, set by slice() (0: those of whole rows of K elements).
+  int64_t code_ld = 0;   // bytes from row n's codes to row n+1's
+  int64_t scale_ld = 0;  // scales from row n to row n+1
+  int64_t zp_ld = 0;     // block-wise zero points: bytes from row n to row n+1
+
   int64_t block_end(int64_t b) const { return b + 1 < nb ? (b + 1) * block : K; }
 
   int64_t row_bytes() const { return K * bits / 8; }
-  float scale(int64_t n, int64_t b) const { return load_as_f32(scales, n * nb + b, scale_dtype); }
+  int64_t row_stride() const { return code_ld ? code_ld : row_bytes(); }
+  int64_t scale_stride() const { return scale_ld ? scale_ld : nb; }
+  bool rowwise_zero_points() const { return nb == 1 && zp_ld == 0; }
+  float scale(int64_t n, int64_t b) const { return load_as_f32(scales, n * scale_stride() + b, scale_dtype); }
   int zero_point(int64_t n, int64_t b) const {
     if (zero_points == nullptr) return 1 << (bits - 1);
     const int pack = 8 / bits;
-    const uint8_t byte = nb == 1 ? zero_points[n / pack] : zero_points[n * ((nb + pack - 1) / pack) + b / pack];
-    const int64_t lane = nb == 1 ? n % pack : b % pack;
+    const bool rw = rowwise_zero_points();
+    const int64_t ld = zp_ld ? zp_ld : (nb + pack - 1) / pack;
+    const uint8_t byte = rw ? zero_points[n / pack] : zero_points[n * ld + b / pack];
+    const int64_t lane = rw ? n % pack : b % pack;
     return (byte >> (lane * bits)) & ((1 << bits) - 1);
   }
   int code(int64_t n, int64_t k) const {
-    const uint8_t* r = codes + n * row_bytes();
+    const uint8_t* r = codes + n * row_stride();
     return bits == 8 ? r[k] : (r[k >> 1] >> ((k & 1) * 4)) & 0xF;
+  }
+
+  // Columns [k0, k1) of every row as a weight of K = k1 - k0, read in place
+  // (the NUMA path's per-node segments). Block-wise: k0 a multiple of block
+  // (of two blocks with 4-bit zero points, which are packed two per byte)
+  // and k1 = K or a multiple of block; row-wise: any k0 with whole bytes.
+  QWeight slice(int64_t k0, int64_t k1) const {
+    QWeight s = *this;
+    s.code_ld = row_stride();
+    s.scale_ld = scale_stride();
+    s.codes = codes + k0 * bits / 8;
+    s.K = k1 - k0;
+    if (nb == 1 && zp_ld == 0) {  // one scale (and zero point) per row
+      s.block = s.K;
+      return s;
+    }
+    const int64_t b0 = k0 / block;
+    s.scales = static_cast<const char*>(scales) + size_t(b0) * dtype_size(scale_dtype);
+    s.nb = (s.K + block - 1) / block;
+    if (zero_points != nullptr) {
+      const int pack = 8 / bits;
+      s.zp_ld = zp_ld ? zp_ld : (nb + pack - 1) / pack;
+      s.zero_points = zero_points + b0 / pack;
+    }
+    return s;
   }
 };
 
@@ -102,7 +137,22 @@ struct QTokens {
   const float* scale = nullptr;
   const int32_t* sum = nullptr;
   int64_t ld = 0, nb = 0, block = 0;
+  int64_t lds = 0;  // scale / sum entries from token m to m+1 (0: nb)
   TokenOrder order = TokenOrder::KOrder;
+
+  int64_t scale_stride() const { return lds ? lds : nb; }
+  // Elements [k0, k0 + K) as tokens of K elements: k0 a multiple of block
+  // and of 128 (every order's group, so element k0 sits at k0); the matching
+  // QWeight::slice.
+  QTokens slice(int64_t k0, int64_t K) const {
+    QTokens s = *this;
+    s.lds = scale_stride();
+    s.q = q + k0;
+    s.scale = scale + k0 / block;
+    s.sum = sum + k0 / block;
+    s.nb = (K + block - 1) / block;
+    return s;
+  }
 };
 
 // Y[m*ldy + (n - n0)] = sum_k w[n, k] * X[m*ldx + k] for n in [n0, n1),
@@ -122,6 +172,8 @@ inline TokenOrder k_order(int, int64_t, int64_t, bool) { return TokenOrder::KOrd
 
 // The quantised kernels of a tier (index 0: 4-bit, 1: 8-bit) and the token
 // orders they read: f_order for the float rows, i8_order for the int8 codes.
+// The orders may depend on K (and on block when it is K) only modulo 128:
+// the NUMA path cuts rows into slices at multiples of 128.
 struct QuantKernels {
   const char* name = "";
   QGemmFn gemm[2] = {};
@@ -175,5 +227,12 @@ std::string validate_qmoe(const MoEShape& shape, const QMoEAttrs& attrs, const Q
 // Runs the block. "" on success, else a message (e.g. NaN router logits).
 std::string qmoe_ffn(const MoEShape& shape, const QMoEAttrs& attrs, const QMoETensors& t, const KernelTier& tier,
                      const Parallel& par);
+// The same with NUMA partitioning as moe_ffn's (MoEOptions): every expert
+// weight's GEMM split by node over its codes' segment tables, cut only where
+// the kernels can (whole scale blocks, whole 128-element groups: at most half
+// of such a granule's locality lost per page boundary); the scales are read by the
+// node that reads their codes.
+std::string qmoe_ffn(const MoEShape& shape, const QMoEAttrs& attrs, const QMoETensors& t, const KernelTier& tier,
+                     const Parallel& par, const MoEOptions& opt);
 
 }  // namespace hinamoe

@@ -159,6 +159,64 @@ TEST(interleaved_tables_vs_brute_force) {
   std::printf("    %d random interleaved cases verified element by element\n", cases);
 }
 
+// snap_segments: the same exact cover, boundaries only at multiples of the
+// granule, each original segment's snapped range on its node, and at most
+// granule / 2 elements moved per original boundary.
+TEST(snapped_tables_cut_only_at_the_granule) {
+  int cases = 0;
+  for (int i = 0; i < 300; ++i) {
+    const Case c = random_case(40000);
+    SegmentTable t;
+    if (!build_interleaved_table(c.N, c.K, c.bits, c.nodes, c.P, c.offset, c.first, &t).empty()) continue;
+    const int64_t g = std::vector<int64_t>{2, 32, 128, 256, c.K, 2 * c.K}[size_t(ht::randint(0, 5))];
+    const SegmentTable s = snap_segments(t, g);
+    const std::string d = describe(c) + " granule=" + std::to_string(g);
+    CHECK_MSG(s.rows == t.rows && s.cols == t.cols && s.nodes == t.nodes && s.period_rows == t.period_rows, d);
+    bool ok = true;
+    for (int64_t r = 0; r < t.period_rows && ok; ++r) {
+      std::vector<int> orig(size_t(c.K), -1), snapped(size_t(c.K), -1);
+      int64_t boundaries = 0;
+      for (int n = 0; n < c.nodes; ++n) {
+        const auto& rb = t.row_begin[size_t(n)];
+        for (int64_t j = rb[size_t(r)]; j < rb[size_t(r) + 1]; ++j) {
+          const Segment& sg = t.segments[size_t(n)][size_t(j)];
+          for (int64_t k = sg.k_start; k < sg.k_end; ++k) orig[size_t(k)] = n;
+          boundaries += sg.k_start > 0;
+        }
+        const auto& sb = s.row_begin[size_t(n)];
+        for (int64_t j = sb[size_t(r)]; j < sb[size_t(r) + 1]; ++j) {
+          const Segment& sg = s.segments[size_t(n)][size_t(j)];
+          ok &= ht::check_at(sg.row == r && sg.k_start < sg.k_end, __FILE__, __LINE__, "snap", d);
+          ok &= ht::check_at(sg.k_start % g == 0 && (sg.k_end % g == 0 || sg.k_end == c.K), __FILE__, __LINE__, "snap", d);
+          if (j > sb[size_t(r)]) ok &= ht::check_at(s.segments[size_t(n)][size_t(j) - 1].k_end < sg.k_start, __FILE__, __LINE__, "snap", d);
+          for (int64_t k = sg.k_start; k < sg.k_end; ++k) {
+            ok &= ht::check_at(snapped[size_t(k)] == -1, __FILE__, __LINE__, "snap", d + ": element covered twice");
+            snapped[size_t(k)] = n;
+          }
+        }
+      }
+      int64_t moved = 0;
+      for (int64_t k = 0; k < c.K; ++k) {
+        if (snapped[size_t(k)] < 0) {
+          ok &= ht::check_at(false, __FILE__, __LINE__, "snap", d + ": element not covered");
+          break;
+        }
+        moved += snapped[size_t(k)] != orig[size_t(k)];
+      }
+      ok &= ht::check_at(moved <= boundaries * ((g + 1) / 2), __FILE__, __LINE__, "snap", d + ": moved " + std::to_string(moved));
+    }
+    cases += ok;
+    if (!ok) break;
+  }
+  std::printf("    %d random tables snapped and checked\n", cases);
+  // A granule of K: each row wholly on the node of its middle element.
+  SegmentTable t;
+  CHECK(build_interleaved_table(64, 6144, 16, 2, 4096, 0, 0, &t).empty());
+  const SegmentTable s = snap_segments(t, 6144);
+  CHECK((s.segments[0] == std::vector<Segment>{{1, 0, 6144}}));
+  CHECK((s.segments[1] == std::vector<Segment>{{0, 0, 6144}}));
+}
+
 TEST(every_dtype_node_count_and_offset) {
   // Systematic sweep: each element size x node count x a few offsets, 4 KiB pages.
   for (int bits : {32, 16, 8, 4})
