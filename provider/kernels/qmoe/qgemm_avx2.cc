@@ -45,6 +45,7 @@ HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, flo
     const int64_t k0 = b * bs, len = w.block_end(b) - k0, kv = len / 8 * 8;  // len < bs: the partial last block
     __m256 sv[R], zv[R];
     for (int r = 0; r < R; ++r) {
+      if ((b & 15) == 0) prefetch_scales<SDT>(w, n + r + HINAMOE_QPF_TILES * R, b);
       const float s = scale_at<SDT>(w, n + r, b);
       sv[r] = _mm256_set1_ps(s);
       zv[r] = _mm256_set1_ps(-float(zero_at<BITS, ZP>(w, n + r, b)) * s);
@@ -96,6 +97,7 @@ HQ_FN void micro_f4(const QWeight& w, int64_t n, const float* X, int64_t ldx, fl
     const int64_t k0 = b * bs, kend = w.block_end(b);
     __m256 sv[R], zv[R];
     for (int r = 0; r < R; ++r) {
+      if ((b & 15) == 0) prefetch_scales<SDT>(w, n + r + HINAMOE_QPF_TILES * R, b);
       const float s = scale_at<SDT>(w, n + r, b);
       sv[r] = _mm256_set1_ps(s);
       zv[r] = _mm256_set1_ps(-float(zero_at<4, ZP>(w, n + r, b)) * s);
@@ -159,6 +161,8 @@ HQ_FN void micro_fq_b32(const QWeight& w, int64_t n, const float* X, int64_t ldx
     const int64_t k = b * 32, kb = k * BITS / 8;
     if ((kb & 63) == 0)
       for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kb + pf), _MM_HINT_T0);
+    if ((b & 15) == 0)
+      for (int r = 0; r < R; ++r) prefetch_scales<SDT>(w, n + r + HINAMOE_QPF_TILES * R, b);
     for (int r = 0; r < R; ++r) {
       __m256 q[4];
       if constexpr (BITS == 4) {

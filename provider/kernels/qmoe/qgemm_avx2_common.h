@@ -53,6 +53,17 @@ HQ_INLINE float scale_at(const QWeight& w, int64_t n, int64_t b) {
   else return bf16_to_f32(static_cast<const uint16_t*>(w.scales)[i]);
 }
 
+// The scales of row n from block b on into L1 (a cache line of f32 scales
+// covers 16 blocks): beside each row's codes they are a second stream, which
+// the hardware prefetcher does not follow either. Where micro-kernels call
+// this HINAMOE_QPF_TILES tiles ahead as for the codes, 1-token QMoE streams
+// ~1.4x faster from DRAM (Zen 5, 2 threads, C++ A/B).
+template <DType SDT>
+HQ_INLINE void prefetch_scales(const QWeight& w, int64_t n, int64_t b) {
+  const size_t es = SDT == DType::F32 ? 4 : 2;
+  _mm_prefetch(static_cast<const char*>(w.scales) + size_t(n * w.scale_stride() + b) * es, _MM_HINT_T0);
+}
+
 // 8 scales of row n from block b on, as floats.
 template <DType SDT>
 HQ_INLINE __m256 scales8(const QWeight& w, int64_t n, int64_t b) {

@@ -152,6 +152,7 @@ HZ_FN void micro_f4(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const f
     const int64_t k0 = B32 ? b * 32 : std::max(ka, b * w.block), k1 = B32 ? k0 + 32 : std::min(kz, w.block_end(b));
     __m512 tbl[R];
     for (int r = 0; r < R; ++r) {
+      if ((b & 15) == 0) prefetch_scales<SDT>(w, n + r + HINAMOE_QPF_TILES * R, b);
       const __m512 s = _mm512_set1_ps(scale_at<SDT>(w, n + r, b));
       // (q - zp) * s, rounded once (without zero points: (q - 8) exact, times s).
       if constexpr (ZP) tbl[r] = _mm512_mul_ps(_mm512_sub_ps(codes, _mm512_set1_ps(float(w.zero_point(n + r, b)))), s);
@@ -194,6 +195,7 @@ HZ_FN void micro_f8(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const f
     const int64_t k0 = B32 ? b * 32 : std::max(ka, b * w.block), k1 = B32 ? k0 + 32 : std::min(kz, w.block_end(b));
     __m512 sv[R], zv[R];
     for (int r = 0; r < R; ++r) {
+      if ((b & 15) == 0) prefetch_scales<SDT>(w, n + r + HINAMOE_QPF_TILES * R, b);
       const float s = scale_at<SDT>(w, n + r, b);
       sv[r] = _mm512_set1_ps(s);
       zv[r] = _mm512_set1_ps(-float(zero_at<8, ZP>(w, n + r, b)) * s);
@@ -323,6 +325,7 @@ HZ_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, cons
     __m512 sw[R];
     for (int r = 0; r < R; ++r) {
       _mm_prefetch(reinterpret_cast<const char*>(row[r] + k / 2 + pf), _MM_HINT_T0);
+      if ((b & 15) == 0) prefetch_scales<SDT>(w, n + r + HINAMOE_QPF_TILES * R, b);
       const __m512i v = _mm512_loadu_si512(row[r] + k / 2);
       lo[r] = _mm512_and_si512(v, low4);
       hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
@@ -389,6 +392,7 @@ HZ_VNNI_FN void micro_i8_d32(const QWeight& w, int64_t n, const QTokens& x, cons
     __m512 sw[R];
     for (int r = 0; r < R; ++r) {
       _mm_prefetch(reinterpret_cast<const char*>(row[r] + k + pf), _MM_HINT_T0);
+      if ((b & 15) == 0) prefetch_scales<SDT>(w, n + r + HINAMOE_QPF_TILES * R, b);
       u[r] = _mm512_loadu_si512(row[r] + k);
       sw[r] = _mm512_permutexvar_ps(dual, _mm512_zextps128_ps512(scales2<SDT>(w, n + r, b)));
     }
