@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "qmoe/qmoe_ffn.h"
@@ -39,6 +40,18 @@ struct QW {
     const int64_t b = nb == 1 ? 0 : k / block;
     const int zpv = has_zp ? z[size_t(n * nb + b)] : 1 << (bits - 1);
     return double(q[size_t(n * K + k)] - zpv) * scales.val[size_t(n * nb + b)];
+  }
+  // The float64 dot of dequantised row n with tokens x(k), and the sum of
+  // the terms' magnitudes (what a float tolerance scales with).
+  template <class X>
+  std::pair<double, double> dot(int64_t n, X&& x) const {
+    double sum = 0, mag = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const double t = deq(n, k) * x(k);
+      sum += t;
+      mag += std::fabs(t);
+    }
+    return {sum, mag};
   }
 };
 

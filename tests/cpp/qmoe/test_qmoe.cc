@@ -42,12 +42,7 @@ TEST(qmoe_gemm_float_matches_float64) {
           qk->gemm[bits == 8](w.view(), n0, n1, Xk.data(), ldx, M, Y.data(), ldy);
           for (int64_t m = 0; m < M; ++m)
             for (int64_t n = n0; n < n1; ++n) {
-              double ref = 0, mag = 0;
-              for (int64_t k = 0; k < K; ++k) {
-                const double term = w.deq(n, k) * X[size_t(m * ldx + k)];
-                ref += term;
-                mag += std::fabs(term);
-              }
+              const auto [ref, mag] = w.dot(n, [&](int64_t k) { return X[size_t(m * ldx + k)]; });
               const double got = Y[size_t(m * ldy + n - n0)];
               CHECK_MSG(std::fabs(got - ref) <= 1e-6 * mag + 1e-7,
                         std::string(qk->name) + " bits=" + std::to_string(bits) + " block=" + std::to_string(block) +
@@ -75,12 +70,7 @@ TEST(qmoe_gemm_float_long_rows_in_k_slices) {
         qk->gemm[bits == 8](w.view(), 0, N, Xk.data(), ldx, M, Y.data(), N);
         for (int64_t m = 0; m < M; ++m)
           for (int64_t n = 0; n < N; ++n) {
-            double ref = 0, mag = 0;
-            for (int64_t k = 0; k < K; ++k) {
-              const double t = w.deq(n, k) * X[size_t(m * ldx + k)];
-              ref += t;
-              mag += std::fabs(t);
-            }
+            const auto [ref, mag] = w.dot(n, [&](int64_t k) { return X[size_t(m * ldx + k)]; });
             CHECK_MSG(std::fabs(Y[size_t(m * N + n)] - ref) <= 1e-6 * mag + 1e-7,
                       std::string(qk->name) + " long rows bits=" + std::to_string(bits) + " block=" +
                           std::to_string(block) + " K=" + std::to_string(K) + " M=" + std::to_string(M));
@@ -125,12 +115,8 @@ TEST(qmoe_gemm_int8_tokens_exact_integer_math) {
           qk->gemm_i8[bits == 8](w.view(), 0, N, x, M, Y.data(), N);
           for (int64_t m = 0; m < M; ++m)
             for (int64_t n = 0; n < N; ++n) {
-              double ref = 0, mag = 0;
-              for (int64_t k = 0; k < K; ++k) {
-                const double t = w.deq(n, k) * xsc[size_t(m * nb + k / block)] * xq[size_t(m * ld + k)];
-                ref += t;
-                mag += std::fabs(t);
-              }
+              const auto [ref, mag] = w.dot(
+                  n, [&](int64_t k) { return double(xsc[size_t(m * nb + k / block)]) * xq[size_t(m * ld + k)]; });
               CHECK_MSG(std::fabs(Y[size_t(m * N + n)] - ref) <= 1e-5 * mag + 1e-6,
                         std::string(qk->name) + " i8 bits=" + std::to_string(bits) + " block=" + std::to_string(block));
             }

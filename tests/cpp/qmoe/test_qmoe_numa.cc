@@ -137,12 +137,7 @@ TEST(qmoe_k_slices_add_up_to_the_whole_row) {
             }
             for (int64_t m = 0; m < M; ++m)
               for (int64_t n = n0; n < n1; ++n) {
-                double ref = 0, mag = 0;
-                for (int64_t k = 0; k < K; ++k) {
-                  const double t = w.deq(n, k) * Xd[size_t(m * K + k)];
-                  ref += t;
-                  mag += std::fabs(t);
-                }
+                const auto [ref, mag] = w.dot(n, [&](int64_t k) { return Xd[size_t(m * K + k)]; });
                 const double got = sum[size_t(m * N + n)];
                 CHECK_MSG(std::fabs(got - ref) <= 1e-5 * mag + 1e-6,
                           std::string(qk->name) + " slices bits=" + std::to_string(bits) + " block=" +
