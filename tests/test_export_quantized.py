@@ -10,7 +10,10 @@ compute the same float32 products and differ in summation order only
 same greedy tokens. ORT's CPU EP rounds the activations of block-wise int8
 experts to int8 by default (test_quantize_pass proves exactly how); the tight
 comparison switches that off, and test_int8_default_cpu_activations checks the
-default against a bound: 15% of the logits' RMS (up to 7% seen here).
+default against a bound on the median token: its logits' RMS error within 3%
+of their RMS (0.2-0.6% seen here). Not on every token: where the rounding
+flips a router's top-k choice, that token's logits move by ~10% of their RMS
+(seen with seed 2522190573), a real effect of int8 activations, not an error.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from quant_reference import dequantised_twin
 PROVIDERS = ["CPUExecutionProvider", "HinaMoE"]
 CPU_FLOAT_ACTIVATIONS = ("ORT_QMOE_CPU_QNBIT_GEMM", "fp32")
 RTOL = ATOL = 1e-4
-DEFAULT_INT8_BOUND = 0.15  # x RMS of the logits, see the module docstring
+DEFAULT_INT8_BOUND = 0.03  # median token's RMS error / RMS of its logits, see the module docstring
+FLOAT_NOISE = 1e-4  # what float activations differ by: the int8 rounding must show above it
 ARCH_PARAMS = ["qwen2_moe", "gpt_oss",  # the two MoE matchers, shared expert, biases, clamp
                *(pytest.param(a, marks=pytest.mark.slow) for a in ARCHS
                  if a not in ("qwen2_moe", "gpt_oss"))]
@@ -132,18 +136,22 @@ def test_quantised_export_generates_like_dequantised(arch, dtype, provider, tiny
 
 def test_int8_default_cpu_activations(tiny_export, rng):
     """int8 with the CPU EP's default (int8 activations in the experts): the
-    logits stay within DEFAULT_INT8_BOUND x their RMS of the dequantised model."""
+    median token's logits stay within DEFAULT_INT8_BOUND of the dequantised
+    model's, and above float noise (the rounding is really on)."""
     exp = tiny_export.fused("qwen2_moe", "int8")
     twin = _twin(exp)
     config = exp.torch_model().config
     ids, mask = left_padded_batch(rng, config.vocab_size, lengths=(5, 2), pad_id=config.pad_token_id)
     got = ort_steps(cpu_session(str(exp.model)), ids, mask, decode_steps=2)
     want = ort_steps(cpu_session(twin), ids, mask, decode_steps=2, tokens=decode_tokens(got))
+    errors = []  # per token of every step: RMS of the error / RMS of the logits
     for step, ((g, _), (w, _)) in enumerate(zip(got, want)):
         real = mask.astype(bool) if step == 0 else slice(None)
-        g, w = g[real], w[real]
-        err = np.abs(g - w).max() / np.sqrt(np.mean(w ** 2))
-        assert 0 < err < DEFAULT_INT8_BOUND, f"step {step}: error {err:.3g} x RMS"
+        g, w = g[real].reshape(-1, g.shape[-1]), w[real].reshape(-1, w.shape[-1])
+        errors += list(np.sqrt(np.mean((g - w) ** 2, -1) / np.mean(w ** 2, -1)))
+    assert len(errors) == int(mask.sum()) + 2 * 2
+    median = float(np.median(errors))
+    assert FLOAT_NOISE < median < DEFAULT_INT8_BOUND, f"per-token errors {np.round(errors, 4)}"
 
 
 def _run_cli(args, capsys):
