@@ -196,8 +196,9 @@ const QuantKernels& quant_avx512();
 // real tiles (only where amx_int8_unavailable_reason() is "") or the emulator.
 const QuantKernels& quant_amx();
 const QuantKernels& quant_amx_emu();
-// The quantised kernels a MoE tier runs (amx / amx-emu: AMX-INT8 for int8
-// tokens, avx2 or ref for the float path; avx512: quant_avx512).
+// The quantised kernels a MoE tier runs (amx-emu: AMX-INT8 for int8 tokens,
+// avx2 or ref for the float path; amx and avx512: quant_avx512, as the
+// AMX-INT8 kernel is slower than the zmm ones on silicon today).
 const QuantKernels& quant_kernels_for(const KernelTier& tier);
 
 struct QMoETensors {
