@@ -450,11 +450,11 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
 const QuantKernels& quant_kernels_for(const KernelTier& tier) {
   if (std::strcmp(tier.name, "ref") == 0) return quant_ref();
   // amx-emu: int8 tokens on emulated AMX-INT8 tiles, the float path on avx2.
-  // amx on silicon runs the avx512 tier's kernels (on a Xeon with AMX, 2026-12-02,
-  // hinamoe_qmoe_bench, Qwen3 shape, 2 threads) the AMX-INT8 block kernel took
-  // 4.9 ms at 1 token and 16.2 ms at 16 where avx512 took 1.1 and 6.1), so
-  // until it is faster it runs only where called by name: quant_amx() in the
-  // tests against the emulator and in hinamoe_qmoe_i8_bench.
+  // amx on silicon runs the avx512 tier's kernels: on a Xeon with AMX
+  // (2026-12-02, hinamoe_qmoe_bench, Qwen3 shape, int4, 2 threads) the AMX-INT8
+  // block kernel took 4.9 ms at 1 token and 16.2 ms at 16 where avx512 took
+  // 1.1 and 6.1. Until it is faster it runs only where called by name:
+  // quant_amx() in the tests against the emulator and in hinamoe_qmoe_i8_bench.
   // avx512: the zmm kernels; avx2: the avx2 kernels where this CPU runs them,
   // their int8-token path on AVX-VNNI where it has that.
   const bool amx = std::strcmp(tier.name, "amx") == 0;
