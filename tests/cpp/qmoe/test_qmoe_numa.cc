@@ -247,9 +247,14 @@ TEST(qmoe_ffn_numa_matches_reference_and_plain_path) {
               CHECK_MSG(std::fabs(part[i] - plain[i]) <= tol,
                         what + " partitioned " + std::to_string(part[i]) + " plain " + std::to_string(plain[i]));
             if (layout == 1) continue;  // ref_qmoe has no fc3; the plain path is checked against the op elsewhere
+            // Against float64, int8 tokens also carry their rounding: the plain
+            // path itself sits up to 3.5% of the largest output away at these
+            // sizes (12 runs, 2026-12-02), so 8% here; partitioning is held
+            // to the plain path above.
+            const double ref_tol = i8 ? 8e-2 * scale : tol;
             const std::vector<double> ref = ref_qmoe(s, a, x, lg, fc1, fc2, b1, b2);
             for (size_t i = 0; i < ref.size(); ++i)
-              CHECK_MSG(std::fabs(part[i] - ref[i]) <= tol,
+              CHECK_MSG(std::fabs(part[i] - ref[i]) <= ref_tol,
                         what + " got " + std::to_string(part[i]) + " want " + std::to_string(ref[i]));
           }
 }
