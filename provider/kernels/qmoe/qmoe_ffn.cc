@@ -457,10 +457,9 @@ const QuantKernels& quant_kernels_for(const KernelTier& tier) {
   // quant_amx() in the tests against the emulator and in hinamoe_qmoe_i8_bench.
   // avx512: the zmm kernels; avx2: the avx2 kernels where this CPU runs them,
   // their int8-token path on AVX-VNNI where it has that.
-  const bool amx = std::strcmp(tier.name, "amx") == 0;
   if (std::strcmp(tier.name, "amx-emu") == 0) return quant_amx_emu();
-  if ((amx || std::strcmp(tier.name, "avx512") == 0) && tier_unavailable_reason("avx512").empty())
-    return quant_avx512();
+  const bool zmm = std::strcmp(tier.name, "amx") == 0 || std::strcmp(tier.name, "avx512") == 0;
+  if (zmm && tier_unavailable_reason("avx512").empty()) return quant_avx512();
   if (tier_unavailable_reason("avx2").empty()) return avx_vnni_unavailable_reason().empty() ? quant_avx2_vnni() : quant_avx2();
   return quant_ref();
 }
