@@ -46,7 +46,7 @@ class QMoEConfig:
     fc1_bias: bool = False
     fc2_bias: bool = False
     fc3_bias: bool = False
-    zero_points: bool = False
+    zero_points: bool | tuple = False  # True: every weight; or the weights that get them, e.g. ("fc3",)
     router_weights: bool = False  # input 14 (a graph input)
     accuracy_level: int | None = None
     normalize_routing_weights: int = 0
@@ -60,6 +60,9 @@ class QMoEConfig:
 
     def __post_init__(self) -> None:
         self.dtype = canon_dtype(self.dtype)
+
+    def has_zero_points(self, key: str) -> bool:
+        return self.zero_points is True or (isinstance(self.zero_points, tuple) and key in self.zero_points)
 
     @property
     def gated(self) -> bool:
@@ -117,7 +120,7 @@ def pack_zero_points(zp: np.ndarray, bits: int, blockwise: bool) -> np.ndarray:
     return out
 
 
-def _quantised(cfg: QMoEConfig, rows: int, cols: int, rng: np.random.Generator):
+def _quantised(cfg: QMoEConfig, rows: int, cols: int, rng: np.random.Generator, zero_points: bool):
     dt = np_dtype(cfg.dtype)
     if cfg.random_codes:  # GB-sized layers: no float64 weights
         nb = -(-cols // cfg.block_size) if cfg.block_size else 1
@@ -131,7 +134,7 @@ def _quantised(cfg: QMoEConfig, rows: int, cols: int, rng: np.random.Generator):
     nb = -(-cols // cfg.block_size) if cfg.block_size else 1
     zp_unpacked = None
     zp_packed = None
-    if cfg.zero_points:
+    if zero_points:
         zp_unpacked = rng.integers(0, 2 ** cfg.bits, size=(cfg.experts, rows, nb))
         zp_packed = pack_zero_points(zp_unpacked, cfg.bits, nb > 1)
     s_full = scales if cfg.block_size else scales[..., None]
@@ -151,7 +154,7 @@ def build_qmoe_model(cfg: QMoEConfig, rng: np.random.Generator, name: str = "qmo
     if cfg.has_fc3:
         mats["fc3"] = (cfg.inter, cfg.hidden)
     for key, (rows, cols) in mats.items():
-        packed, scales, zp, deq = _quantised(cfg, rows, cols, rng)
+        packed, scales, zp, deq = _quantised(cfg, rows, cols, rng, cfg.has_zero_points(key))
         w[key], w[key + "_scales"], w["deq"][key] = packed, scales, deq
         if zp is not None:
             w[key + "_zp"] = zp

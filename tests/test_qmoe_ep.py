@@ -175,6 +175,24 @@ def test_activations_and_zero_points(activation, zero_points, rng):
         check_close(out, qmoe_reference(cfg, x, lg, w), "float32", f"{activation} bits={bits} block={block}")
 
 
+@pytest.mark.parametrize("isa", ["ref", "avx2", "avx512", "amx-emu"])
+@pytest.mark.parametrize("with_zp", [("fc1",), ("fc3",)])
+@pytest.mark.parametrize("accuracy_level", [None, 4])
+def test_zero_points_on_one_of_fc1_fc3(isa, with_zp, accuracy_level, rng):
+    """fc1 and fc3 share their gathered tokens, whose order is chosen for
+    weights with zero points when either has them: the one without must
+    still read that order (int8 tokens on the zmm kernels did not)."""
+    require_isa(isa)
+    for bits in (4, 8):
+        cfg = QMoEConfig(hidden=256, inter=128, experts=4, k=2, bits=bits, block_size=32, swiglu_fusion=0,
+                         zero_points=with_zp, accuracy_level=accuracy_level)
+        model, w = build_qmoe_model(cfg, rng)
+        x, lg, _ = _inputs(cfg, 5, rng)
+        out = _run(hina_session(model, isa=isa), cfg, x, lg)
+        check_close(out, qmoe_reference(cfg, x, lg, w), "float32", f"{isa} bits={bits} zp on {with_zp}",
+                    factor=_int8_factor(cfg, hina=True))
+
+
 def test_rowwise_scales_rank3(rng):
     """Row-wise scales as [E, N, 1] count as row-wise (ORT does the same)."""
     cfg = QMoEConfig(hidden=64, inter=32, experts=3, k=1, bits=4, block_size=0, scale_rank3_rowwise=True,

@@ -78,6 +78,36 @@ TEST(qmoe_gemm_float_long_rows_in_k_slices) {
       }
 }
 
+// Many tokens: the avx512 float path transposes the tokens (12 tokens on,
+// groups of 32) and dequantises rows in blocks of 24 / 12, then 8 / 4,
+// then 1, over columns in chunks of 256.
+TEST(qmoe_gemm_float_many_tokens) {
+  for (const QuantKernels* qk : tiers())
+    for (int bits : {4, 8})
+      for (int64_t block : {0, 32, 64, 512}) {
+        const int64_t N = ht::randint(1, 70), M = ht::randint(10, 75);
+        const int64_t K = block == 512 ? 512 * ht::randint(1, 3) : 32 * ht::randint(1, 24);
+        const QW w = make_qw(bits, N, K, block, ht::randint(0, 1) == 1, int(ht::randint(0, 2)));
+        const int64_t ldx = K + ht::randint(0, 17), n0 = ht::randint(0, N - 1), n1 = ht::randint(n0 + 1, N);
+        const int64_t ldy = (n1 - n0) + ht::randint(0, 3);
+        std::vector<float> X(size_t(M * ldx)), Xk(X.size(), std::nanf(""));
+        for (auto& v : X) v = float(ht::uniform(-1, 1));
+        const TokenOrder order = qk->f_order(bits, w.view().block, K, w.has_zp);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t k = 0; k < K; ++k) Xk[size_t(m * ldx + token_pos(order, k, K))] = X[size_t(m * ldx + k)];
+        std::vector<float> Y(size_t(M * ldy), std::nanf(""));
+        qk->gemm[bits == 8](w.view(), n0, n1, Xk.data(), ldx, M, Y.data(), ldy);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = n0; n < n1; ++n) {
+            const auto [ref, mag] = w.dot(n, [&](int64_t k) { return X[size_t(m * ldx + k)]; });
+            CHECK_MSG(std::fabs(Y[size_t(m * ldy + n - n0)] - ref) <= 1e-6 * mag + 1e-7,
+                      std::string(qk->name) + " many tokens bits=" + std::to_string(bits) + " block=" +
+                          std::to_string(block) + " K=" + std::to_string(K) + " M=" + std::to_string(M) +
+                          " n=" + std::to_string(n) + " m=" + std::to_string(m));
+          }
+      }
+}
+
 TEST(qmoe_gemm_int8_tokens_exact_integer_math) {
   for (const QuantKernels* qk : tiers())
     for (int bits : {4, 8})
