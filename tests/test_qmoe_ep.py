@@ -193,6 +193,22 @@ def test_zero_points_on_one_of_fc1_fc3(isa, with_zp, accuracy_level, rng):
                     factor=_int8_factor(cfg, hina=True))
 
 
+@pytest.mark.parametrize("isa", ["ref", "avx2", "avx512"])
+@pytest.mark.parametrize("accuracy_level", [None, 4])
+def test_many_tokens_per_expert(isa, accuracy_level, rng):
+    """12-40 tokens per expert: the avx512 kernels' transposed-token paths
+    (float and int8 tokens), prefill-sized batches."""
+    require_isa(isa)
+    for bits in (4, 8):
+        cfg = QMoEConfig(hidden=256, inter=192, experts=4, k=2, bits=bits, block_size=32, fc1_bias=True,
+                         fc2_bias=True, accuracy_level=accuracy_level)
+        model, w = build_qmoe_model(cfg, rng)
+        x, lg, _ = _inputs(cfg, int(rng.integers(24, 80)), rng)
+        out = _run(hina_session(model, isa=isa), cfg, x, lg)
+        check_close(out, qmoe_reference(cfg, x, lg, w), "float32", f"{isa} bits={bits} many tokens",
+                    factor=_int8_factor(cfg, hina=True))
+
+
 def test_rowwise_scales_rank3(rng):
     """Row-wise scales as [E, N, 1] count as row-wise (ORT does the same)."""
     cfg = QMoEConfig(hidden=64, inter=32, experts=3, k=1, bits=4, block_size=0, scale_rank3_rowwise=True,

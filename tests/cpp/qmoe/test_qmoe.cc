@@ -113,12 +113,14 @@ TEST(qmoe_gemm_int8_tokens_exact_integer_math) {
     for (int bits : {4, 8})
       for (int64_t block : {16, 32, 64, 128})
         for (bool zp : {false, true})
-          for (bool pairs : {false, true}) {
+          for (bool pairs : {false, true})
+            for (bool many : {false, true}) {
           // K = whole blocks, or a partial last block of 2..block-2 elements
           // (the avx2 kernel's 32/16-element steps, then its scalar tail);
-          // pairs: K a multiple of 64 (block 32: the Pair32 kernels).
-          const int64_t N = ht::randint(1, 11), M = ht::randint(1, 7);
-          const int64_t K = pairs ? 64 * ht::randint(1, 5) : block * ht::randint(2, 4) - 2 * ht::randint(0, block / 2 - 1);
+          // pairs: K a multiple of 64 (block 32: the Pair32 kernels); many:
+          // 10-45 tokens (the avx512 kernel's transposed tokens from 12 on).
+          const int64_t N = ht::randint(1, many ? 30 : 11), M = many ? ht::randint(10, 45) : ht::randint(1, 7);
+          const int64_t K = pairs ? 64 * ht::randint(1, many ? 20 : 5) : block * ht::randint(2, 4) - 2 * ht::randint(0, block / 2 - 1);
           const QW w = make_qw(bits, N, K, block, zp, int(ht::randint(0, 2)));
           const int64_t nb = w.nb, ld = K + 16 * ht::randint(0, 2);
           std::vector<int8_t> xq(size_t(M * ld), 0), stored(size_t(M * ld), 0);
