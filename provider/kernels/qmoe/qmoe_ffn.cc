@@ -50,37 +50,51 @@ QWeight expert_weight(const uint8_t* codes, const void* scales, const uint8_t* z
 // (the kernel's order, token_pos; null: k order); rows [p0, p1) of x [*, ldx]
 // into the QTokens buffers. The last of the nb blocks ends at K (a partial
 // block when block does not divide K). Written so the compiler vectorises
-// it: rounding to nearest even by the 1.5 * 2^23 trick (|x * inv| <= 127),
+// it (prefill-sized batches quantise ~10^5 elements per call): max |x| and
+// the non-finite test on the bit patterns (unsigned max and or, which
+// vectorise without fast-math), codes into a k-order row, then placed.
+// Rounding to nearest even by the 1.5 * 2^23 trick (|x * inv| <= 127),
 // which is what nearbyint gives in the default rounding mode.
 void quantize_rows(const float* x, int64_t ldx, int64_t K, int64_t block, const int32_t* pos, int64_t p0,
                    int64_t p1, int8_t* q, float* scale, int32_t* sum, int64_t ldq, int64_t nb) {
   constexpr float kRound = 12582912.0f;
+  std::vector<int8_t> row(pos ? size_t(K) : 0);
   for (int64_t p = p0; p < p1; ++p) {
     const float* xr = x + p * ldx;
     int8_t* qr = q + p * ldq;
+    int8_t* codes = pos ? row.data() : qr;
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t kb = b * block, ke = std::min(K, kb + block);
-      float amax = 0.0f, bad = 0.0f;
+      uint32_t mx = 0, nonfinite = 0;
       for (int64_t k = kb; k < ke; ++k) {
-        const float v = std::fabs(xr[k]);
-        amax = v > amax ? v : amax;
-        bad += v - v;  // NaN for a NaN or an infinity
+        const uint32_t u = f32_to_bits(xr[k]) & 0x7fffffffu;
+        mx = u > mx ? u : mx;
+        nonfinite |= u >= 0x7f800000u ? 1u : 0u;
       }
-      const bool finite = bad == 0.0f;
+      const float amax = bits_to_f32(mx);
       // A NaN/Inf token block gets codes 0 and scale NaN, so its outputs are
       // NaN (as the float path gives), not a finite value from dropped codes.
+      const bool finite = nonfinite == 0;
       const float s = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
       const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
       int32_t total = 0;
-      for (int64_t k = kb; k < ke; ++k) {
-        const float r = finite ? (xr[k] * inv + kRound) - kRound : 0.0f;
-        const int v = int(std::min(127.0f, std::max(-127.0f, r)));
-        qr[pos ? pos[k] : k] = int8_t(v);
-        total += v;
+      if (!finite) {
+        std::fill(codes + kb, codes + ke, int8_t(0));
+      } else {
+        for (int64_t k = kb; k < ke; ++k) {
+          float r = (xr[k] * inv + kRound) - kRound;
+          r = r > 127.0f ? 127.0f : r;  // a denormal amax: inv overflows
+          r = r < -127.0f ? -127.0f : r;
+          const int v = int(r);
+          codes[k] = int8_t(v);
+          total += v;
+        }
       }
       scale[p * nb + b] = s;
       sum[p * nb + b] = total;
     }
+    if (pos)
+      for (int64_t k = 0; k < K; ++k) qr[pos[k]] = codes[k];
   }
 }
 
