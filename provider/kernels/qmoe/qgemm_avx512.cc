@@ -11,6 +11,9 @@
 //   int8 tokens (accuracy_level 4) on AVX512-VNNI vpdpbusd, blocks of 32
 //     without zero points: 4-bit four blocks per 64-byte load (Quad32, a
 //     block per 128-bit lane), 8-bit two (a block per 256-bit half).
+//   From 12 tokens per expert on, both paths transpose the tokens once per
+//     call and broadcast each dequantised weight (each 4 codes) against 16
+//     tokens at a time (the "many tokens" sections below).
 // Weights these do not cover (groups that do not divide the blocks, the int8
 // path with zero points or other block sizes, CPUs without AVX512-VNNI) run
 // on the avx2 tier's kernels; the order functions below say which order each
@@ -289,7 +292,7 @@ void qgemm_f_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t
 #ifndef HINAMOE_QTT_MIN
 #define HINAMOE_QTT_MIN 12
 #endif
-constexpr int64_t kTTTokens = HINAMOE_QTT_MIN;  // 8-11 tokens: 0.8-1.1x the tiles above (Zen 5)
+constexpr int64_t kTTTokens = HINAMOE_QTT_MIN;  // against the tiles above (Zen 5): 0.8x at 8 tokens, 1.1x at 12
 #ifndef HINAMOE_QTT_CHUNK
 #define HINAMOE_QTT_CHUNK 256
 #endif
