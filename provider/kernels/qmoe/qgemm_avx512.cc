@@ -79,6 +79,14 @@ HZ_INLINE const void* scale_ptr(const QWeight& w, int64_t n, int64_t b, int esiz
   return static_cast<const char*>(w.scales) + (n * w.scale_stride() + b) * esize;
 }
 
+// The scale of row n, block b, as a float; srow = the row's scales.
+template <DType SDT>
+HZ_INLINE float row_scale(const void* srow, int64_t b) {
+  if constexpr (SDT == DType::F32) return static_cast<const float*>(srow)[b];
+  else if constexpr (SDT == DType::F16) return _cvtsh_ss(static_cast<const uint16_t*>(srow)[b]);
+  else return bf16_to_f32(static_cast<const uint16_t*>(srow)[b]);
+}
+
 // 4 / 2 consecutive block scales of row n from block b, as floats.
 template <DType SDT>
 HZ_INLINE __m128 scales4(const QWeight& w, int64_t n, int64_t b) {
@@ -219,6 +227,41 @@ HZ_FN void micro_f8(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const f
   store_tile<A, R, T>(tot, Y, ldy, acc);
 }
 
+// 1 token, 4-bit blocks of 32 without zero points: the codes less 8 come
+// from a fixed table and each block's dot is scaled once (an FMA by the
+// broadcast scale), so no table per (row, block) is built: one core
+// streamed 25.5 against 21.5 GB/s (Zen 5, C++ bench; at 2 threads both sit
+// at the read bandwidth).
+template <int R, DType SDT>
+HZ_FN void micro_f4_t1(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const float* X, float* Y, bool acc) {
+  const int64_t rb = w.row_stride();
+  const int64_t pf = prefetch_ahead(rb, R);
+  const uint8_t* row[R];
+  const void* srow[R];
+  for (int r = 0; r < R; ++r) {
+    row[r] = w.codes + (n + r) * rb;
+    srow[r] = scale_ptr(w, n + r, 0, SDT == DType::F32 ? 4 : 2);
+  }
+  const __m512 tbl = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  __m512 tot[1][R][1];
+  for (int r = 0; r < R; ++r) tot[0][r][0] = _mm512_setzero_ps();
+  for (int64_t k = ka; k < kz; k += 32) {
+    const int64_t b = k >> 5, kb = k >> 1;
+    if ((kb & 63) == 0)
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kb + pf), _MM_HINT_T0);
+    if ((b & 15) == 0)
+      for (int r = 0; r < R; ++r) prefetch_scales<SDT>(w, n + r + HINAMOE_QPF_TILES * R, b);
+    const __m512 x0 = _mm512_loadu_ps(X + k), x1 = _mm512_loadu_ps(X + k + 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row[r] + kb)));
+      const __m512 p = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tbl), x1,
+                                       _mm512_mul_ps(_mm512_permutexvar_ps(d, tbl), x0));
+      tot[0][r][0] = _mm512_fmadd_ps(p, _mm512_set1_ps(row_scale<SDT>(srow[r], b)), tot[0][r][0]);
+    }
+  }
+  store_tile<1, R, 1>(tot, Y, 1, acc);
+}
+
 // Rows [r0, r1) x T tokens over columns [ka, kz) (multiples of 32); acc: add to y.
 template <int BITS, int R, int T, DType SDT, bool ZP>
 void rows_f(const QWeight& w, int64_t r0, int64_t r1, int64_t ka, int64_t kz, const float* x, int64_t ldx, float* y,
@@ -228,7 +271,8 @@ void rows_f(const QWeight& w, int64_t r0, int64_t r1, int64_t ka, int64_t kz, co
     constexpr int RR = decltype(rr)::value;
     float* yn = y + (n - r0);
     if constexpr (BITS == 4) {
-      if (b32) micro_f4<RR, T, SDT, ZP, true>(w, n, ka, kz, x, ldx, yn, ldy, acc);
+      if (T == 1 && !ZP && b32) micro_f4_t1<RR, SDT>(w, n, ka, kz, x, yn, acc);
+      else if (b32) micro_f4<RR, T, SDT, ZP, true>(w, n, ka, kz, x, ldx, yn, ldy, acc);
       else micro_f4<RR, T, SDT, ZP, false>(w, n, ka, kz, x, ldx, yn, ldy, acc);
     } else {
       if (b32) micro_f8<RR, T, SDT, ZP, true>(w, n, ka, kz, x, ldx, yn, ldy, acc);
@@ -340,14 +384,6 @@ HZ_FN void transpose_tokens(const float* X, int64_t ldx, int64_t M, int64_t K, f
       transpose16(r);
       for (int i = 0; i < 16; ++i) _mm512_store_ps(XT + (k + i) * 16 * V + 16 * v, r[i]);
     }
-}
-
-// The scale of row n, block b, as a float; srow = the row's scales.
-template <DType SDT>
-HZ_INLINE float row_scale(const void* srow, int64_t b) {
-  if constexpr (SDT == DType::F32) return static_cast<const float*>(srow)[b];
-  else if constexpr (SDT == DType::F16) return _cvtsh_ss(static_cast<const uint16_t*>(srow)[b]);
-  else return bf16_to_f32(static_cast<const uint16_t*>(srow)[b]);
 }
 
 // 32 weights of row from element k on, dequantised by tbl / (sv, zv), stored in
