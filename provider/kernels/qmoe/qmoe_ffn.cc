@@ -76,14 +76,15 @@ void quantize_rows(const float* x, int64_t ldx, int64_t K, int64_t block, const 
       // NaN (as the float path gives), not a finite value from dropped codes.
       const bool finite = nonfinite == 0;
       const float s = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-      const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+      // Blocks under 1e-30 (127 / amax would overflow near denormals) get codes 0.
+      const float inv = finite && amax >= 1e-30f ? 127.0f / amax : 0.0f;
       int32_t total = 0;
       if (!finite) {
         std::fill(codes + kb, codes + ke, int8_t(0));
       } else {
         for (int64_t k = kb; k < ke; ++k) {
           float r = (xr[k] * inv + kRound) - kRound;
-          r = r > 127.0f ? 127.0f : r;  // a denormal amax: inv overflows
+          r = r > 127.0f ? 127.0f : r;  // |x * inv| <= 127 up to rounding
           r = r < -127.0f ? -127.0f : r;
           const int v = int(r);
           codes[k] = int8_t(v);
