@@ -101,6 +101,19 @@ def test_fma_probe_is_physical():
     r1 = hinamoe.measure_fma_peak(threads=1)
     # >= 1 lane-FMA per ns; <= 32 lanes per cycle at 6 GHz
     assert 1e9 < r1 < 32 * 6e9
+    if not hinamoe.tier_unavailable_reason("avx512"):
+        # 512-bit vectors: at least the 256-bit rate (down-clocked cores), at most twice it
+        r512 = hinamoe.measure_fma_peak(threads=1, bits=512)
+        assert 0.8 * r1 < r512 < 2.6 * r1
+    with pytest.raises(ValueError):
+        hinamoe.measure_fma_peak(threads=1, bits=128)
+
+
+def test_roofline_width_follows_the_tier():
+    from hinamoe.bench.common import fma_bits_for_tier
+
+    assert [fma_bits_for_tier(t) for t in ("avx512", "amx", "avx2", "ref", "amx-emu", None)] == \
+        [512, 512, 256, 256, 256, 256]
 
 
 def test_quick_ffn_run_records_interleaved_probes(tmp_path, capsys):

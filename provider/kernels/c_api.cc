@@ -113,9 +113,9 @@ size_t hinamoe_read_probe_bytes(const HinamoeReadProbe* probe) { return probe ? 
 
 void hinamoe_read_probe_free(HinamoeReadProbe* probe) { delete probe; }
 
-double hinamoe_fma_peak_per_s(int threads) {
+double hinamoe_fma_peak_per_s(int threads, int bits) {
   try {
-    return fma_peak_per_s(threads);
+    return fma_peak_per_s(threads, bits);
   } catch (...) {
     return 0.0;
   }

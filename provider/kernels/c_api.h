@@ -43,8 +43,9 @@ HINAMOE_API size_t hinamoe_read_probe_bytes(const HinamoeReadProbe* probe);
 HINAMOE_API void hinamoe_read_probe_free(HinamoeReadProbe* probe);
 
 /* Float lane-FMAs per second that `threads` threads reach together on
-   independent 256-bit FMA chains (the compute roofline); 0 without AVX2/FMA. */
-HINAMOE_API double hinamoe_fma_peak_per_s(int threads);
+   independent FMA chains of `bits` (256 or 512) -- the compute roofline; 0
+   where the CPU lacks them. */
+HINAMOE_API double hinamoe_fma_peak_per_s(int threads, int bits);
 
 /* Best tier this CPU runs ("amx", "avx512", "avx2" or "ref"). Static string. */
 HINAMOE_API const char* hinamoe_best_tier(void);

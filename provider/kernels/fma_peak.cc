@@ -36,13 +36,34 @@ __attribute__((target("avx2,fma"))) void fma_chains(long iters, float* sink) {
                                                _mm256_add_ps(a8, a9)));
   *sink = _mm256_cvtss_f32(s);
 }
+
+// The same on 512-bit chains (the avx512 tier's kernels).
+__attribute__((target("avx512f"))) void fma_chains512(long iters, float* sink) {
+  __m512 b = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(1e-4f);
+  __m512 a0 = b, a1 = b, a2 = b, a3 = b, a4 = b, a5 = b, a6 = b, a7 = b, a8 = b, a9 = b;
+  for (long i = 0; i < iters; ++i) {
+    a0 = _mm512_fmadd_ps(a0, b, c); a1 = _mm512_fmadd_ps(a1, b, c);
+    a2 = _mm512_fmadd_ps(a2, b, c); a3 = _mm512_fmadd_ps(a3, b, c);
+    a4 = _mm512_fmadd_ps(a4, b, c); a5 = _mm512_fmadd_ps(a5, b, c);
+    a6 = _mm512_fmadd_ps(a6, b, c); a7 = _mm512_fmadd_ps(a7, b, c);
+    a8 = _mm512_fmadd_ps(a8, b, c); a9 = _mm512_fmadd_ps(a9, b, c);
+    __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7),
+                     "+v"(a8), "+v"(a9));
+  }
+  const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                                 _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)),
+                                               _mm512_add_ps(a8, a9)));
+  *sink = _mm512_cvtss_f32(s);
+}
 #endif
 
 }  // namespace
 
-double fma_peak_per_s(int threads) {
+double fma_peak_per_s(int threads, int bits) {
 #ifdef HINAMOE_X86
-  if (!tier_unavailable_reason("avx2").empty()) return 0.0;
+  if (bits != 256 && bits != 512) return 0.0;
+  if (!tier_unavailable_reason(bits == 512 ? "avx512" : "avx2").empty()) return 0.0;
+  auto chains = bits == 512 ? fma_chains512 : fma_chains;
   threads = std::max(1, std::min(threads, 256));
   constexpr long kIters = 4000000;  // 40 M FMAs per thread per round: ~10 ms at 2 per cycle
   double best = 0.0;
@@ -55,20 +76,21 @@ double fma_peak_per_s(int threads) {
       pool.emplace_back([&, i] {
         ready.fetch_add(1);
         while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-        fma_chains(kIters, &sink[size_t(i) * 16]);
+        chains(kIters, &sink[size_t(i) * 16]);
       });
     }
     while (ready.load() < threads - 1) std::this_thread::yield();
     const auto t0 = std::chrono::steady_clock::now();
     go.store(true, std::memory_order_release);
-    fma_chains(kIters, &sink[0]);
+    chains(kIters, &sink[0]);
     for (auto& t : pool) t.join();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, double(kIters) * 10 * 8 * threads / s);
+    best = std::max(best, double(kIters) * 10 * (bits / 32) * threads / s);
   }
   return best;
 #else
   (void)threads;
+  (void)bits;
   return 0.0;
 #endif
 }

@@ -7,8 +7,9 @@
 namespace hinamoe {
 
 // Lane-FMAs per second (one 8-wide FMA = 8) that `threads` std::threads
-// reach together on independent 256-bit FMA chains (the issue-rate peak;
-// best of a few short rounds). 0 where AVX2/FMA is missing.
-double fma_peak_per_s(int threads);
+// reach together on independent FMA chains of `bits` (256 or 512: the
+// vectors of the avx2 / avx512 tiers) -- the issue-rate peak, best of a few
+// short rounds. 0 where the CPU lacks them (AVX2/FMA, AVX-512F).
+double fma_peak_per_s(int threads, int bits = 256);
 
 }  // namespace hinamoe

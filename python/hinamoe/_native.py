@@ -24,7 +24,7 @@ def _lib() -> ctypes.CDLL:
     lib.hinamoe_read_probe_bytes.restype = ctypes.c_size_t
     lib.hinamoe_read_probe_free.argtypes = [ctypes.c_void_p]
     lib.hinamoe_read_probe_free.restype = None
-    lib.hinamoe_fma_peak_per_s.argtypes = [ctypes.c_int]
+    lib.hinamoe_fma_peak_per_s.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.hinamoe_fma_peak_per_s.restype = ctypes.c_double
     lib.hinamoe_best_tier.argtypes = []
     lib.hinamoe_best_tier.restype = ctypes.c_char_p
@@ -120,14 +120,16 @@ class ReadProbe:
             pass
 
 
-def measure_fma_peak(threads: int = 2) -> float:
-    """Float FMAs per second (counting each of the 8 lanes of a 256-bit FMA)
-    that `threads` threads reach together: the compute roofline. At n tokens
-    per expert, weights cannot stream faster than this / n elements per
-    second."""
-    rate = _lib().hinamoe_fma_peak_per_s(threads)
+def measure_fma_peak(threads: int = 2, bits: int = 256) -> float:
+    """Float FMAs per second (counting each lane: a 256-bit FMA is 8) that
+    `threads` threads reach together on `bits`-wide vectors (256: the avx2
+    tier's, 512: the avx512 tier's): the compute roofline. At n tokens per
+    expert, weights cannot stream faster than this / n elements per second."""
+    if bits not in (256, 512):
+        raise ValueError(f"bits={bits}: 256 or 512")
+    rate = _lib().hinamoe_fma_peak_per_s(threads, bits)
     if not rate > 0:
-        raise RuntimeError("FMA-rate probe needs AVX2/FMA")
+        raise RuntimeError(f"FMA-rate probe needs {'AVX-512F' if bits == 512 else 'AVX2/FMA'}")
     return float(rate)
 
 

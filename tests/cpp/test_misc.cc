@@ -137,10 +137,18 @@ TEST(fma_peak_probe) {
   for (int threads : {1, 2}) {
     const double r = fma_peak_per_s(threads);
     ht::check(r > 1e9 && r < threads * 32 * 6e9, ht::fmt("%d threads: %g lane-FMA/s", threads, r));
-    const double c = hinamoe_fma_peak_per_s(threads);
+    const double c = hinamoe_fma_peak_per_s(threads, 256);
     ht::check(c > 1e9 && c < threads * 32 * 6e9, ht::fmt("C ABI, %d threads: %g lane-FMA/s", threads, c));
   }
-  std::printf("  FMA peak (1 thread): %.1f G lane-FMA/s\n", fma_peak_per_s(1) / 1e9);
+  ht::check(fma_peak_per_s(1, 128) == 0.0, "only 256- and 512-bit chains");
+  // 512-bit chains: 16 lanes each, so at most 2 x 32 lanes per cycle at 6 GHz.
+  const double z = fma_peak_per_s(1, 512);
+  if (tier_unavailable_reason("avx512").empty())
+    ht::check(z > 1e9 && z < 64 * 6e9, ht::fmt("512-bit: %g lane-FMA/s", z));
+  else
+    ht::check(z == 0.0, "no AVX-512: the 512-bit probe reports 0");
+  std::printf("  FMA peak (1 thread): %.1f G lane-FMA/s (256-bit), %.1f (512-bit)\n", fma_peak_per_s(1) / 1e9,
+              z / 1e9);
 }
 
 namespace {

@@ -278,17 +278,28 @@ class InterleavedProbe:
 
 
 class FmaProbe(_PerThreadProbe):
-    """Float lane-FMA rate per thread count (hinamoe.measure_fma_peak)."""
+    """Float lane-FMA rate per thread count (hinamoe.measure_fma_peak) on
+    vectors of `bits` (those of the kernels the roofline is for)."""
 
     what = "FMA-rate probe"
+
+    def __init__(self, threads: list[int], bits: int = 256):
+        super().__init__(threads)
+        self.bits = bits
 
     def measure(self, threads: int) -> float:
         import hinamoe
 
-        return hinamoe.measure_fma_peak(threads=threads)
+        return hinamoe.measure_fma_peak(threads=threads, bits=self.bits)
 
     def fmt(self, value: float) -> str:
-        return f"{value / 1e9:.1f} G lane-FMA/s"
+        return f"{value / 1e9:.1f} G lane-FMA/s ({self.bits}-bit)"
+
+
+def fma_bits_for_tier(tier: str | None) -> int:
+    """The FMA width of a HinaMoE tier's float kernels: 512 on avx512 (and
+    amx, whose f32/f16 MoE and QMoE run those), else 256."""
+    return 512 if tier in ("avx512", "amx") else 256
 
 
 def roofline_gbs(bandwidth_gbs: float | None, fma_per_s: float | None, bytes_per_elem: int,
@@ -314,11 +325,12 @@ class MachineProbes:
     is compared with the bandwidth of its own minutes; %BW against the max of
     the before/after probes is kept as pct_bw_max_probe."""
 
-    def __init__(self, threads: list[int], bw_bytes: int, quick: bool, interleave: bool = True):
+    def __init__(self, threads: list[int], bw_bytes: int, quick: bool, interleave: bool = True,
+                 fma_bits: int = 256):
         self.interleave = interleave
         self.load = OtherLoad()
         self.bandwidth = BandwidthProbe(threads, bw_bytes, repeats=3 if quick else 5)
-        self.fma = FmaProbe(threads)
+        self.fma = FmaProbe(threads, fma_bits)
         self.others: float | None = None
         self._probe()
 
@@ -382,6 +394,7 @@ class MachineProbes:
                     read_bandwidth_probes_gbs={str(k): v for k, v in self.bandwidth.runs.items()},
                     bandwidth_probe_bytes=self.bandwidth.nbytes,
                     fma_peak_per_s={str(k): v for k, v in self.fma.best().items()},
+                    fma_vector_bits=self.fma.bits,
                     other_processes_cores=self.others,
                     interleaved_probe=self.interleave,
                     pct_bw_basis=("pct_bw, roof_gbs: against the point's probe_gbs (median of one "

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from .common import (MachineProbes, cpu_name, csv, hinamoe_tier, l3_bytes, make_session, probe_bytes,
-                     rewarm)
+from .common import (MachineProbes, cpu_name, csv, fma_bits_for_tier, hinamoe_tier, l3_bytes, make_session,
+                     probe_bytes, rewarm)
 
 NAME = "ffn"
 HELP = "time a single MoE FFN node at real expert shapes (HinaMoE vs ORT CPU EP and llama.cpp's ggml)"
@@ -43,8 +43,9 @@ the median of these passes, so a point timed in a slow minute of this shared
 machine is compared with the bandwidth of that minute. %roof = the bandwidth
 as a % of the roofline min(probe_gbs, FMA peak x bytes per weight / n) -- at
 n tokens per expert each weight takes n FMAs, so from a few tokens on the
-cores' FMA rate (hinamoe.measure_fma_peak(threads), probed before and after
-the points, the larger value used) bounds the stream. %BWmax (JSON:
+cores' FMA rate (hinamoe.measure_fma_peak(threads, bits) on the vectors of
+the HinaMoE tier's kernels: 512-bit on avx512 and amx, else 256; probed
+before and after the points, the larger value used) bounds the stream. %BWmax (JSON:
 pct_bw_max_probe) is the older comparison, against the larger of the read
 bandwidths probed before and after all points. --no-probe-between times the
 runs back to back without probe passes and compares with that larger value.
@@ -294,7 +295,7 @@ def run(args) -> int:
 
     l3 = l3_bytes()
     probes = MachineProbes(threads, probe_bytes(args.bw_bytes, l3), quick,
-                           interleave=not args.no_probe_between)
+                           interleave=not args.no_probe_between, fma_bits=fma_bits_for_tier(tier))
     print(f"machine: {cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
           f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa}"
           + (f", numa=fake:{args.numa_sim}" if args.numa_sim else "") + ")")
