@@ -271,7 +271,10 @@ TEST(qmoe_ffn_matches_float64_reference) {
             const std::vector<double> ref = ref_qmoe(s, a, x, lg, fc1, fc2, b1, b2);
             double scale = 1e-3;
             for (double v : ref) scale = std::max(scale, std::fabs(v));
-            const double tol = (i8 && block ? 3e-2 : 2e-5) * scale;
+            // int8 tokens: 8% of the largest output, as in test_qmoe_numa.cc;
+            // at 3% about 1 run in 200 failed on every tier, ref included
+            // (8-bit codes with zero points: -1273 against -1207 of 1525).
+            const double tol = (i8 && block ? 8e-2 : 2e-5) * scale;
             for (size_t i = 0; i < ref.size(); ++i)
               CHECK_MSG(std::fabs(out[i] - ref[i]) <= tol,
                         std::string(tier->name) + " bits=" + std::to_string(bits) + " block=" + std::to_string(block) +
