@@ -465,45 +465,63 @@ HZ_FN void tt_chunk(const float* Wd, const float* XT, int64_t J, float* C, bool 
     for (int v = 0; v < V; ++v) _mm512_store_ps(C + (r * V + v) * 16, acc[r][v]);
 }
 
-// Rows [n, n + R) against the M (<= 16 V) tokens of XT: Y[t * ldy + r] for t < M.
-template <int BITS, DType SDT, bool ZP, bool B32, int R, int V>
-HZ_FN void tt_rows(const QWeight& w, int64_t n, const float* XT, int64_t M, float* Y, int64_t ldy, float* Wd,
-                   float* C) {
-  const int64_t rb = w.row_stride();
-  for (int64_t kc = 0; kc < w.K; kc += kTTChunk) {
-    const int64_t kz = std::min(w.K, kc + kTTChunk);
-    for (int r = 0; r < R; ++r) {
-      // The codes two chunks ahead (in the next block's rows near the end)
-      // and their scales into L1: one chunk ahead, the dequantising loads
-      // still stalled on misses (in-process A/B on Zen 5, 16 tokens: 8.0
-      // against 9.2 ms; three or four ahead: no further gain).
-      const int64_t kn = kc + 2 * kTTChunk;
-      const bool same = kn < w.K;
-      const int64_t rn = same ? n + r : n + R + r, kr = same ? kn : kn - w.K;
-      const uint8_t* next = w.codes + rn * rb + kr * BITS / 8;
-      for (int64_t o = 0; o < kTTChunk * BITS / 8; o += 64) _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T0);
-      prefetch_scales<SDT>(w, rn, kr / w.block);
-      dequant_row<BITS, SDT, ZP, B32>(w, n + r, kc, kz, Wd + r * kTTChunk);
-    }
-    tt_chunk<R, V>(Wd, XT + kc * 16 * V, kz - kc, C, kc == 0);
-  }
+// Before row n + r's chunk at kc is unpacked (chunks of `chunk` columns): its
+// codes two chunks ahead (the next block's rows, R further, near the row's
+// end) and their scales into L1. One chunk ahead, the unpacking loads still
+// stalled on misses (in-process A/B on Zen 5, 16 tokens: 8.0 against 9.2
+// ms; three or four ahead: no further gain).
+template <int BITS, DType SDT>
+HZ_INLINE void prefetch_chunk_ahead(const QWeight& w, int64_t n, int r, int R, int64_t kc, int64_t chunk) {
+  const int64_t kn = kc + 2 * chunk;
+  const bool same = kn < w.K;
+  const int64_t rn = same ? n + r : n + R + r, kr = same ? kn : kn - w.K;
+  const uint8_t* next = w.codes + rn * w.row_stride() + kr * BITS / 8;
+  for (int64_t o = 0; o < chunk * BITS / 8; o += 64) _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T0);
+  prefetch_scales<SDT>(w, rn, kr / w.block);
+}
+
+// Y[t * ldy + r] = C[(r V + t / 16) 16 + t % 16] for t < M: the R x V token
+// vectors of a row block, transposed back into token rows.
+template <int R, int V>
+HZ_INLINE void store_transposed(const float* C, int64_t M, float* Y, int64_t ldy) {
   for (int64_t t = 0; t < M; ++t) {
     const float* c = C + (t >> 4) * 16 + (t & 15);
     for (int r = 0; r < R; ++r) Y[t * ldy + r] = c[r * V * 16];
   }
 }
 
+// rows(RR, n) over [n0, n1): blocks of R rows, then of R / 3, then single rows.
+template <int R, class Rows>
+inline void row_blocks(int64_t n0, int64_t n1, Rows&& rows) {
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) rows(std::integral_constant<int, R>(), n);
+  for (; n + R / 3 <= n1; n += R / 3) rows(std::integral_constant<int, R / 3>(), n);
+  for (; n < n1; ++n) rows(std::integral_constant<int, 1>(), n);
+}
+
+// Rows [n, n + R) against the M (<= 16 V) tokens of XT: Y[t * ldy + r] for t < M.
+template <int BITS, DType SDT, bool ZP, bool B32, int R, int V>
+HZ_FN void tt_rows(const QWeight& w, int64_t n, const float* XT, int64_t M, float* Y, int64_t ldy, float* Wd,
+                   float* C) {
+  for (int64_t kc = 0; kc < w.K; kc += kTTChunk) {
+    const int64_t kz = std::min(w.K, kc + kTTChunk);
+    for (int r = 0; r < R; ++r) {
+      prefetch_chunk_ahead<BITS, SDT>(w, n, r, R, kc, kTTChunk);
+      dequant_row<BITS, SDT, ZP, B32>(w, n + r, kc, kz, Wd + r * kTTChunk);
+    }
+    tt_chunk<R, V>(Wd, XT + kc * 16 * V, kz - kc, C, kc == 0);
+  }
+  store_transposed<R, V>(C, M, Y, ldy);
+}
+
 template <int BITS, DType SDT, bool ZP, int V>
 void tt_range(const QWeight& w, int64_t n0, int64_t n1, const float* XT, int64_t M, float* Y, int64_t ldy,
               float* Wd, float* C) {
   constexpr int R = V == 1 ? 24 : 12;  // R x V accumulators (24) + V token vectors + a weight
-  constexpr int R2 = R / 3;
   auto run = [&](auto b32) {
-    constexpr bool B = decltype(b32)::value;
-    int64_t n = n0;
-    for (; n + R <= n1; n += R) tt_rows<BITS, SDT, ZP, B, R, V>(w, n, XT, M, Y + (n - n0), ldy, Wd, C);
-    for (; n + R2 <= n1; n += R2) tt_rows<BITS, SDT, ZP, B, R2, V>(w, n, XT, M, Y + (n - n0), ldy, Wd, C);
-    for (; n < n1; ++n) tt_rows<BITS, SDT, ZP, B, 1, V>(w, n, XT, M, Y + (n - n0), ldy, Wd, C);
+    row_blocks<R>(n0, n1, [&](auto rr, int64_t n) {
+      tt_rows<BITS, SDT, ZP, decltype(b32)::value, decltype(rr)::value, V>(w, n, XT, M, Y + (n - n0), ldy, Wd, C);
+    });
   };
   if (w.block == 32) run(std::true_type());
   else run(std::false_type());
@@ -528,34 +546,28 @@ void qgemm_f_tt(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_
   }
 }
 
+template <int BITS, DType SDT, bool ZP>
+void qgemm_f(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
+             int64_t ldy) {
+  if (M >= kTTTokens) qgemm_f_tt<BITS, SDT, ZP>(w, n0, n1, X, ldx, M, Y, ldy);
+  else qgemm_f_t<BITS, SDT, ZP>(w, n0, n1, X, ldx, M, Y, ldy);
+}
+
 template <int BITS>
 void qgemm_avx512(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
                   int64_t ldy) {
   if (!zmm_float(w.block, w.K)) return fallback().gemm[BITS == 8](w, n0, n1, X, ldx, M, Y, ldy);
   const bool zp = w.zero_points != nullptr;
-  if (M >= kTTTokens) {
-    switch (w.scale_dtype) {
-      case DType::F32:
-        return zp ? qgemm_f_tt<BITS, DType::F32, true>(w, n0, n1, X, ldx, M, Y, ldy)
-                  : qgemm_f_tt<BITS, DType::F32, false>(w, n0, n1, X, ldx, M, Y, ldy);
-      case DType::F16:
-        return zp ? qgemm_f_tt<BITS, DType::F16, true>(w, n0, n1, X, ldx, M, Y, ldy)
-                  : qgemm_f_tt<BITS, DType::F16, false>(w, n0, n1, X, ldx, M, Y, ldy);
-      default:
-        return zp ? qgemm_f_tt<BITS, DType::BF16, true>(w, n0, n1, X, ldx, M, Y, ldy)
-                  : qgemm_f_tt<BITS, DType::BF16, false>(w, n0, n1, X, ldx, M, Y, ldy);
-    }
-  }
   switch (w.scale_dtype) {
     case DType::F32:
-      return zp ? qgemm_f_t<BITS, DType::F32, true>(w, n0, n1, X, ldx, M, Y, ldy)
-                : qgemm_f_t<BITS, DType::F32, false>(w, n0, n1, X, ldx, M, Y, ldy);
+      return zp ? qgemm_f<BITS, DType::F32, true>(w, n0, n1, X, ldx, M, Y, ldy)
+                : qgemm_f<BITS, DType::F32, false>(w, n0, n1, X, ldx, M, Y, ldy);
     case DType::F16:
-      return zp ? qgemm_f_t<BITS, DType::F16, true>(w, n0, n1, X, ldx, M, Y, ldy)
-                : qgemm_f_t<BITS, DType::F16, false>(w, n0, n1, X, ldx, M, Y, ldy);
+      return zp ? qgemm_f<BITS, DType::F16, true>(w, n0, n1, X, ldx, M, Y, ldy)
+                : qgemm_f<BITS, DType::F16, false>(w, n0, n1, X, ldx, M, Y, ldy);
     default:
-      return zp ? qgemm_f_t<BITS, DType::BF16, true>(w, n0, n1, X, ldx, M, Y, ldy)
-                : qgemm_f_t<BITS, DType::BF16, false>(w, n0, n1, X, ldx, M, Y, ldy);
+      return zp ? qgemm_f<BITS, DType::BF16, true>(w, n0, n1, X, ldx, M, Y, ldy)
+                : qgemm_f<BITS, DType::BF16, false>(w, n0, n1, X, ldx, M, Y, ldy);
   }
 }
 
@@ -881,38 +893,27 @@ HZ_VNNI_FN void tt_i8_chunk(const int8_t* Wq, const int32_t* bsum, const void* c
 template <int BITS, DType SDT, int R, int V>
 HZ_VNNI_FN void tt_i8_rows(const QWeight& w, int64_t n, const int32_t* XT8, const float* XS, int64_t M, float* Y,
                            int64_t ldy, int8_t* Wq, int32_t* bsum, float* C) {
-  const int64_t rb = w.row_stride();
   const void* srow[R];
   for (int r = 0; r < R; ++r) srow[r] = scale_ptr(w, n + r, 0, SDT == DType::F32 ? 4 : 2);
   for (int64_t kc = 0; kc < w.K; kc += kTTI8Chunk) {
     const int64_t kz = std::min(w.K, kc + kTTI8Chunk);
     for (int r = 0; r < R; ++r) {
-      // As tt_rows: the codes two chunks ahead and their scales.
-      const int64_t kn = kc + 2 * kTTI8Chunk;
-      const bool same = kn < w.K;
-      const int64_t rn = same ? n + r : n + R + r, kr = same ? kn : kn - w.K;
-      const uint8_t* next = w.codes + rn * rb + kr * BITS / 8;
-      for (int64_t o = 0; o < kTTI8Chunk * BITS / 8; o += 64) _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T0);
-      prefetch_scales<SDT>(w, rn, kr / 32);
-      unpack_row_i8<BITS>(w.codes + (n + r) * rb, kc, kz, Wq + r * kTTI8Chunk, bsum + r * (kTTI8Chunk / 32));
+      prefetch_chunk_ahead<BITS, SDT>(w, n, r, R, kc, kTTI8Chunk);
+      unpack_row_i8<BITS>(w.codes + (n + r) * w.row_stride(), kc, kz, Wq + r * kTTI8Chunk,
+                          bsum + r * (kTTI8Chunk / 32));
     }
     tt_i8_chunk<BITS, SDT, R, V>(Wq, bsum, srow, kc / 32, XT8 + kc / 4 * 16 * V, XS, kz - kc, C, kc == 0);
   }
-  for (int64_t t = 0; t < M; ++t) {
-    const float* c = C + (t >> 4) * 16 + (t & 15);
-    for (int r = 0; r < R; ++r) Y[t * ldy + r] = c[r * V * 16];
-  }
+  store_transposed<R, V>(C, M, Y, ldy);
 }
 
 template <int BITS, DType SDT, int V>
 void tt_i8_range(const QWeight& w, int64_t n0, int64_t n1, const int32_t* XT8, const float* XS, int64_t M, float* Y,
                  int64_t ldy, int8_t* Wq, int32_t* bsum, float* C) {
   constexpr int R = V == 1 ? 12 : 6;  // R x V int32 sums + as many float totals
-  constexpr int R2 = R / 3;
-  int64_t n = n0;
-  for (; n + R <= n1; n += R) tt_i8_rows<BITS, SDT, R, V>(w, n, XT8, XS, M, Y + (n - n0), ldy, Wq, bsum, C);
-  for (; n + R2 <= n1; n += R2) tt_i8_rows<BITS, SDT, R2, V>(w, n, XT8, XS, M, Y + (n - n0), ldy, Wq, bsum, C);
-  for (; n < n1; ++n) tt_i8_rows<BITS, SDT, 1, V>(w, n, XT8, XS, M, Y + (n - n0), ldy, Wq, bsum, C);
+  row_blocks<R>(n0, n1, [&](auto rr, int64_t n) {
+    tt_i8_rows<BITS, SDT, decltype(rr)::value, V>(w, n, XT8, XS, M, Y + (n - n0), ldy, Wq, bsum, C);
+  });
 }
 
 template <int BITS, DType SDT>
@@ -939,6 +940,13 @@ void qgemm_i8_tt(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int
   }
 }
 
+template <int BITS, DType SDT>
+void qgemm_i8(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int64_t M, float* Y, int64_t ldy) {
+  // 6-10 tokens on the transposed path: no gain (4-bit: up to 2x slower)
+  if (M >= kTTTokens) qgemm_i8_tt<BITS, SDT>(w, n0, n1, X, M, Y, ldy);
+  else qgemm_i8_t<BITS, SDT>(w, n0, n1, X, M, Y, ldy);
+}
+
 template <int BITS>
 void qgemm_i8_avx512(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int64_t M, float* Y,
                      int64_t ldy) {
@@ -946,17 +954,10 @@ void qgemm_i8_avx512(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X,
   // either has them, so a weight without them may meet the avx2 order.
   if (!zmm_i8(w.block, w.K, w.zero_points != nullptr) || X.order != avx512_i8_order(BITS, w.block, w.K, false))
     return fallback().gemm_i8[BITS == 8](w, n0, n1, X, M, Y, ldy);
-  if (M >= kTTTokens) {  // 6-10 tokens here: no gain (4-bit: up to 2x slower)
-    switch (w.scale_dtype) {
-      case DType::F32: return qgemm_i8_tt<BITS, DType::F32>(w, n0, n1, X, M, Y, ldy);
-      case DType::F16: return qgemm_i8_tt<BITS, DType::F16>(w, n0, n1, X, M, Y, ldy);
-      default: return qgemm_i8_tt<BITS, DType::BF16>(w, n0, n1, X, M, Y, ldy);
-    }
-  }
   switch (w.scale_dtype) {
-    case DType::F32: return qgemm_i8_t<BITS, DType::F32>(w, n0, n1, X, M, Y, ldy);
-    case DType::F16: return qgemm_i8_t<BITS, DType::F16>(w, n0, n1, X, M, Y, ldy);
-    default: return qgemm_i8_t<BITS, DType::BF16>(w, n0, n1, X, M, Y, ldy);
+    case DType::F32: return qgemm_i8<BITS, DType::F32>(w, n0, n1, X, M, Y, ldy);
+    case DType::F16: return qgemm_i8<BITS, DType::F16>(w, n0, n1, X, M, Y, ldy);
+    default: return qgemm_i8<BITS, DType::BF16>(w, n0, n1, X, M, Y, ldy);
   }
 }
 

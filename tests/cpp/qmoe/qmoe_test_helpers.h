@@ -93,6 +93,16 @@ inline QW make_qw(int bits, int64_t N, int64_t K, int64_t block, bool has_zp, in
   return w;
 }
 
+// M token rows of X (K elements, rows ldx apart) placed in a kernel's token
+// order (token_pos); the padding between rows NaN, so a kernel reading it shows.
+inline std::vector<float> in_token_order(const std::vector<float>& X, int64_t M, int64_t ldx, int64_t K,
+                                         TokenOrder order) {
+  std::vector<float> Xk(X.size(), std::nanf(""));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) Xk[size_t(m * ldx + token_pos(order, k, K))] = X[size_t(m * ldx + k)];
+  return Xk;
+}
+
 inline std::vector<const QuantKernels*> tiers() {
   std::vector<const QuantKernels*> v{&quant_ref()};
   if (tier_unavailable_reason("avx2").empty()) v.push_back(&quant_avx2());

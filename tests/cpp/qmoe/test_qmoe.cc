@@ -35,10 +35,7 @@ TEST(qmoe_gemm_float_matches_float64) {
           const int64_t ldy = (n1 - n0) + ht::randint(0, 3);
           std::vector<float> Y(size_t(M * ldy), std::nanf(""));
           // The kernel's token order (even_odd for 4-bit where it asks).
-          std::vector<float> Xk(X.size(), std::nanf(""));
-          for (int64_t m = 0; m < M; ++m)
-            for (int64_t k = 0; k < K; ++k)
-              Xk[size_t(m * ldx + token_pos(qk->f_order(bits, w.view().block, K, zp), k, K))] = X[size_t(m * ldx + k)];
+          const std::vector<float> Xk = in_token_order(X, M, ldx, K, qk->f_order(bits, w.view().block, K, zp));
           qk->gemm[bits == 8](w.view(), n0, n1, Xk.data(), ldx, M, Y.data(), ldy);
           for (int64_t m = 0; m < M; ++m)
             for (int64_t n = n0; n < n1; ++n) {
@@ -61,11 +58,9 @@ TEST(qmoe_gemm_float_long_rows_in_k_slices) {
         const int64_t N = ht::randint(3, 14), K = 32 * ht::randint(64, 100), M = ht::randint(5, 11);
         const QW w = make_qw(bits, N, K, block, ht::randint(0, 1) == 1, int(ht::randint(0, 2)));
         const int64_t ldx = K + 16;
-        std::vector<float> X(size_t(M * ldx)), Xk(X.size(), std::nanf(""));
+        std::vector<float> X(size_t(M * ldx));
         for (auto& v : X) v = float(ht::uniform(-1, 1));
-        const TokenOrder order = qk->f_order(bits, w.view().block, K, w.has_zp);
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t k = 0; k < K; ++k) Xk[size_t(m * ldx + token_pos(order, k, K))] = X[size_t(m * ldx + k)];
+        const std::vector<float> Xk = in_token_order(X, M, ldx, K, qk->f_order(bits, w.view().block, K, w.has_zp));
         std::vector<float> Y(size_t(M * N), std::nanf(""));
         qk->gemm[bits == 8](w.view(), 0, N, Xk.data(), ldx, M, Y.data(), N);
         for (int64_t m = 0; m < M; ++m)
@@ -90,11 +85,9 @@ TEST(qmoe_gemm_float_many_tokens) {
         const QW w = make_qw(bits, N, K, block, ht::randint(0, 1) == 1, int(ht::randint(0, 2)));
         const int64_t ldx = K + ht::randint(0, 17), n0 = ht::randint(0, N - 1), n1 = ht::randint(n0 + 1, N);
         const int64_t ldy = (n1 - n0) + ht::randint(0, 3);
-        std::vector<float> X(size_t(M * ldx)), Xk(X.size(), std::nanf(""));
+        std::vector<float> X(size_t(M * ldx));
         for (auto& v : X) v = float(ht::uniform(-1, 1));
-        const TokenOrder order = qk->f_order(bits, w.view().block, K, w.has_zp);
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t k = 0; k < K; ++k) Xk[size_t(m * ldx + token_pos(order, k, K))] = X[size_t(m * ldx + k)];
+        const std::vector<float> Xk = in_token_order(X, M, ldx, K, qk->f_order(bits, w.view().block, K, w.has_zp));
         std::vector<float> Y(size_t(M * ldy), std::nanf(""));
         qk->gemm[bits == 8](w.view(), n0, n1, Xk.data(), ldx, M, Y.data(), ldy);
         for (int64_t m = 0; m < M; ++m)
