@@ -15,15 +15,26 @@
 #define HINAMOE_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
 
 // Software prefetch on the weight stream, bytes ahead of the current load
-// (0 = none). On Zen 3 a T0 prefetch 1 KiB ahead measured 2-15% faster than
+// (0 = none). On Zen 3 a prefetch 1 KiB ahead measured 2-15% faster than
 // the hardware prefetcher alone at M = 1..16, and faster than NTA or than
 // 512 / 2048 bytes ahead (hinamoe_kernel_bench; the machine is shared, so
-// best-of-rounds numbers).
+// best-of-rounds numbers). Into L2 (T1), not L1: with 8 rows in flight the
+// L1 miss buffers run out; on Zen 5 at 1 token per expert T1 streamed the
+// long rows of Mixtral-8x7B and DeepSeek-V3 (per-row prefetch) 10-40%
+// faster than T0 (hina-bench ffn A/B against ggml, 2026-12-04).
 #ifndef HINAMOE_PF_DIST
 #define HINAMOE_PF_DIST 1024
 #endif
 #ifndef HINAMOE_PF_HINT
-#define HINAMOE_PF_HINT _MM_HINT_T0
+#define HINAMOE_PF_HINT _MM_HINT_T1
+#endif
+// Short contiguous blocks prefetch the next block linearly (see micro()):
+// up to LIN_MAX KiB, into L1 up to LIN_L1 KiB, else L2. Knobs for A/B runs.
+#ifndef HINAMOE_LIN_MAX
+#define HINAMOE_LIN_MAX 48
+#endif
+#ifndef HINAMOE_LIN_L1
+#define HINAMOE_LIN_L1 24
 #endif
 
 namespace hinamoe {
@@ -84,7 +95,7 @@ HINAMOE_AVX2_FN void micro(const typename Elem<DT>::T* w, int64_t K, int64_t ldw
   //    end into the same row of the next block (the next micro call).
   constexpr int64_t step_bytes = R * 8 * int64_t(sizeof(E));
   const int64_t block_bytes = R * K * int64_t(sizeof(E));
-  const int lin = ldw != K || block_bytes > 48 * 1024 ? 0 : block_bytes > 24 * 1024 ? 2 : 1;
+  const int lin = ldw != K || block_bytes > HINAMOE_LIN_MAX * 1024 ? 0 : block_bytes > HINAMOE_LIN_L1 * 1024 ? 2 : 1;
   const char* next_block = reinterpret_cast<const char*>(w + R * ldw);
   const int64_t K8 = K & ~int64_t(7);
   for (int64_t k = 0; k < K8; k += 8) {

@@ -1,6 +1,6 @@
 // Micro-benchmark for tuning the kernels (not run in CI).
 //
-//   hinamoe_kernel_bench [--shape qwen3|dsv3|both] [--dtype f32|f16|bf16|all]
+//   hinamoe_kernel_bench [--shape qwen3|dsv3|both|mixtral|gptoss] [--dtype f32|f16|bf16|all]
 //                        [--m 1,2,4,8,16] [--threads 2] [--tier auto] [--kernel]
 //                        [--numa-sim 0,1,2,4,8]
 //
@@ -132,6 +132,9 @@ int main(int argc, char** argv) {
   std::vector<Shape> shapes;
   if (shape_arg == "qwen3" || shape_arg == "both") shapes.push_back({"qwen3-30b-a3b", 2048, 768});
   if (shape_arg == "dsv3" || shape_arg == "both") shapes.push_back({"deepseek-v3", 7168, 2048});
+  if (shape_arg == "mixtral") shapes.push_back({"mixtral-8x7b", 4096, 14336});
+  if (shape_arg == "gptoss") shapes.push_back({"gpt-oss-20b", 2880, 2880});
+  if (shapes.empty()) { std::fprintf(stderr, "--shape %s: qwen3, dsv3, both, mixtral or gptoss\n", shape_arg.c_str()); return 2; }
 
   // Topologies of --numa-sim (null = none).
   std::vector<std::unique_ptr<numa::Topology>> topos;
