@@ -125,43 +125,60 @@ HINAMOE_AVX512_INLINE void step(const typename Elem<DT>::T* w, int64_t ldw, cons
   }
 }
 
+// The weight prefetch of the micro-kernels, as the avx2 tier does it (see
+// there why): short contiguous blocks (<= LIN_MAX KiB) prefetch the next
+// block as one linear stream, as many bytes per step as the step consumes,
+// into L1 up to LIN_L1 KiB, else into L2; otherwise per row, PF_DIST bytes
+// ahead, running on past the row's end into the same row of the next block.
+template <class E, int R, int64_t StepElems>
+struct WeightPrefetch {
+  static constexpr int64_t step_bytes = R * StepElems * int64_t(sizeof(E));
+  static constexpr int64_t ahead = HINAMOE_AVX512_PF_DIST / int64_t(sizeof(E));
+  const E* w;
+  int64_t K, ldw;
+  const char* next_block;
+  int lin;  // 0: per row; 1: next block into L1; 2: into L2
+
+  HINAMOE_AVX512_INLINE WeightPrefetch(const E* w_, int64_t K_, int64_t ldw_)
+      : w(w_), K(K_), ldw(ldw_), next_block(reinterpret_cast<const char*>(w_ + R * ldw_)) {
+    const int64_t block_bytes = R * K * int64_t(sizeof(E));
+    lin = ldw != K || block_bytes > HINAMOE_AVX512_LIN_MAX * 1024 ? 0
+          : block_bytes > HINAMOE_AVX512_LIN_L1 * 1024               ? 2
+                                                                       : 1;
+  }
+  // Before the step that reads elements [k, k + StepElems) of the rows.
+  HINAMOE_AVX512_INLINE void before(int64_t k) const {
+    if (lin != 0) {
+      const int64_t off = (k / StepElems) * step_bytes;
+      const char* pn = next_block + off;
+      // Steps under a line: once per line.
+      for (int64_t b = 0; b < step_bytes && (step_bytes >= 64 || (off & 63) < step_bytes); b += 64) {
+        if (lin == 1) _mm_prefetch(pn + b, _MM_HINT_T0);
+        else _mm_prefetch(pn + b, _MM_HINT_T1);
+      }
+    } else if (HINAMOE_AVX512_PF_DIST > 0 && ((k * int64_t(sizeof(E))) & 63) == 0) {
+      const E* pf = k + ahead < K ? w + k + ahead : w + R * ldw + (k + ahead - K);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw), HINAMOE_AVX512_PF_HINT);
+    }
+  }
+};
+
 // R weight rows x T tokens over the whole K:
 // y[t*ldy + r] (+)= dot(w row r, x row t) over K elements; rows are ldw apart.
 template <DType DT, int R, int T>
 HINAMOE_AVX512_FN void micro(const typename Elem<DT>::T* w, int64_t K, int64_t ldw, const float* x, int64_t ldx,
                              float* y, int64_t ldy, bool accumulate) {
   using E = typename Elem<DT>::T;
-  constexpr int64_t kPf = HINAMOE_AVX512_PF_DIST / int64_t(sizeof(E));
   __m512 acc[R][T];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  // Prefetch as the avx2 tier does (see there why): short contiguous blocks
-  // (<= LIN_MAX KiB) prefetch the next block as one linear stream, as many
-  // bytes per step as the step consumes, into L1 up to LIN_L1 KiB, else into
-  // L2; otherwise per row, PF_DIST bytes ahead, running on past the row's
-  // end into the same row of the next block.
-  constexpr int64_t step_bytes = R * 16 * int64_t(sizeof(E));
-  const int64_t block_bytes = R * K * int64_t(sizeof(E));
-  const int lin = ldw != K || block_bytes > HINAMOE_AVX512_LIN_MAX * 1024 ? 0
-                  : block_bytes > HINAMOE_AVX512_LIN_L1 * 1024               ? 2
-                                                                               : 1;
-  const char* next_block = reinterpret_cast<const char*>(w + R * ldw);
+  const WeightPrefetch<E, R, 16> prefetch(w, K, ldw);
   const int64_t K16 = K & ~int64_t(15);
   for (int64_t k = 0; k < K16; k += 16) {
-    if (lin != 0) {
-      const int64_t off = (k / 16) * step_bytes;
-      const char* pn = next_block + off;
-      for (int64_t b = 0; b < step_bytes && (step_bytes >= 64 || (off & 63) < step_bytes); b += 64) {
-        if (lin == 1) _mm_prefetch(pn + b, _MM_HINT_T0);
-        else _mm_prefetch(pn + b, _MM_HINT_T1);
-      }
-    } else if (HINAMOE_AVX512_PF_DIST > 0 && ((k * int64_t(sizeof(E))) & 63) == 0) {
-      const E* pf = k + kPf < K ? w + k + kPf : w + R * ldw + (k + kPf - K);
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw), HINAMOE_AVX512_PF_HINT);
-    }
+    prefetch.before(k);
     step<DT, R, T, false>(w + k, ldw, x + k, ldx, 0, acc);
   }
   // The tail: masked loads read only the K % 16 elements left (the lanes
@@ -237,33 +254,15 @@ HINAMOE_AVX512_FN void rows_loop(const typename Elem<DT>::T* W, int64_t kc, int6
 // The K % 32 tail runs the masked step on the token in its own order.
 template <int R>
 HINAMOE_AVX512_FN void micro_bf16_eo(const uint16_t* w, int64_t K, int64_t ldw, const float* xeo, const float* x,
-                                     float* y, bool accumulate) {
+                                     float* y) {
   __m512 acc[R][1], odd[R];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r][0] = odd[r] = _mm512_setzero_ps();
   const __m512i hi = _mm512_set1_epi32(int32_t(0xFFFF0000u));
-  // Prefetch as micro() does, one cache line per row and step.
-  constexpr int64_t step_bytes = R * 64;
-  const int64_t block_bytes = R * K * 2;
-  const int lin = ldw != K || block_bytes > HINAMOE_AVX512_LIN_MAX * 1024 ? 0
-                  : block_bytes > HINAMOE_AVX512_LIN_L1 * 1024               ? 2
-                                                                               : 1;
-  const char* next_block = reinterpret_cast<const char*>(w + R * ldw);
-  constexpr int64_t kPf = HINAMOE_AVX512_PF_DIST / 2;
+  const WeightPrefetch<uint16_t, R, 32> prefetch(w, K, ldw);  // a cache line per row and step
   const int64_t K32 = K & ~int64_t(31);
   for (int64_t k = 0; k < K32; k += 32) {
-    if (lin != 0) {
-      const char* pn = next_block + (k / 32) * step_bytes;
-#pragma GCC unroll 16
-      for (int64_t b = 0; b < step_bytes; b += 64) {
-        if (lin == 1) _mm_prefetch(pn + b, _MM_HINT_T0);
-        else _mm_prefetch(pn + b, _MM_HINT_T1);
-      }
-    } else if (HINAMOE_AVX512_PF_DIST > 0) {
-      const uint16_t* pf = k + kPf < K ? w + k + kPf : w + R * ldw + (k + kPf - K);
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw), HINAMOE_AVX512_PF_HINT);
-    }
+    prefetch.before(k);
     const __m512 xe = _mm512_load_ps(xeo + k), xo = _mm512_load_ps(xeo + k + 16);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
@@ -282,9 +281,7 @@ HINAMOE_AVX512_FN void micro_bf16_eo(const uint16_t* w, int64_t K, int64_t ldw, 
   __m512 col[R];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) col[r] = acc[r][0];
-  __m512 sum = avx512::hsum_lanes<R>(col);
-  if (accumulate) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(rows_mask, y));
-  _mm512_mask_storeu_ps(y, rows_mask, sum);
+  _mm512_mask_storeu_ps(y, rows_mask, avx512::hsum_lanes<R>(col));
 }
 
 // x[0, K) in eo order: per 32 elements, the 16 even ones, then the 16 odd.
@@ -308,17 +305,17 @@ HINAMOE_AVX512_FN void rows_bf16_one_token(const uint16_t* W, int64_t ldw, int64
   constexpr int R = HINAMOE_AVX512_R1;
   static_assert(R <= 16, "leftover rows are split into 8, 4, 2, 1");
   int64_t n = n0;
-  for (; n + R <= n1; n += R) micro_bf16_eo<R>(W + n * ldw, K, ldw, xeo.data(), x, y + (n - n0), false);
+  for (; n + R <= n1; n += R) micro_bf16_eo<R>(W + n * ldw, K, ldw, xeo.data(), x, y + (n - n0));
   if constexpr (R > 8) {
-    if (n1 - n >= 8) { micro_bf16_eo<8>(W + n * ldw, K, ldw, xeo.data(), x, y + (n - n0), false); n += 8; }
+    if (n1 - n >= 8) { micro_bf16_eo<8>(W + n * ldw, K, ldw, xeo.data(), x, y + (n - n0)); n += 8; }
   }
   if constexpr (R > 4) {
-    if (n1 - n >= 4) { micro_bf16_eo<4>(W + n * ldw, K, ldw, xeo.data(), x, y + (n - n0), false); n += 4; }
+    if (n1 - n >= 4) { micro_bf16_eo<4>(W + n * ldw, K, ldw, xeo.data(), x, y + (n - n0)); n += 4; }
   }
   if constexpr (R > 2) {
-    if (n1 - n >= 2) { micro_bf16_eo<2>(W + n * ldw, K, ldw, xeo.data(), x, y + (n - n0), false); n += 2; }
+    if (n1 - n >= 2) { micro_bf16_eo<2>(W + n * ldw, K, ldw, xeo.data(), x, y + (n - n0)); n += 2; }
   }
-  if (n1 - n >= 1) micro_bf16_eo<1>(W + n * ldw, K, ldw, xeo.data(), x, y + (n - n0), false);
+  if (n1 - n >= 1) micro_bf16_eo<1>(W + n * ldw, K, ldw, xeo.data(), x, y + (n - n0));
 }
 
 // Rows ldw elements apart, K columns each (ldw == K: gemm_rows), in the

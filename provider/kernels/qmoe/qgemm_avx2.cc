@@ -53,7 +53,7 @@ HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, flo
     for (int64_t k = k0; k < k0 + kv; k += 8) {
       if (((k * BITS / 8) & 63) == 0)
         for (int r = 0; r < R; ++r)
-          _mm_prefetch(reinterpret_cast<const char*>(row[r] + k * BITS / 8 + pf), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(row[r] + k * BITS / 8 + pf), HINAMOE_QPF_HINT);
       __m256 xv[T];
       for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(X + t * ldx + k);
       for (int r = 0; r < R; ++r) {
@@ -106,7 +106,7 @@ HQ_FN void micro_f4(const QWeight& w, int64_t n, const float* X, int64_t ldx, fl
     for (; k + 16 <= kend; k += 16) {
       if ((k & 127) == 0)
         for (int r = 0; r < R; ++r)
-          _mm_prefetch(reinterpret_cast<const char*>(row[r] + k / 2 + pf), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(row[r] + k / 2 + pf), HINAMOE_QPF_HINT);
       __m256 xe[T], xo[T];
       for (int t = 0; t < T; ++t) {
         xe[t] = _mm256_loadu_ps(X + t * ldx + k);
@@ -160,7 +160,7 @@ HQ_FN void micro_fq_b32(const QWeight& w, int64_t n, const float* X, int64_t ldx
   for (int64_t b = 0; b < w.nb; ++b) {
     const int64_t k = b * 32, kb = k * BITS / 8;
     if ((kb & 63) == 0)
-      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kb + pf), _MM_HINT_T0);
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kb + pf), HINAMOE_QPF_HINT);
     if ((b & 15) == 0)
       for (int r = 0; r < R; ++r) prefetch_scales<SDT>(w, n + r + HINAMOE_QPF_TILES * R, b);
     for (int r = 0; r < R; ++r) {

@@ -172,7 +172,7 @@ HZ_FN void micro_f4(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const f
     for (int64_t k = k0; k < k1; k += 32) {
       const uint64_t kb = uint64_t(k) >> 1;
       if ((kb & 63) == 0)
-        for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kb + pf), _MM_HINT_T0);
+        for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kb + pf), HINAMOE_QPF_HINT);
       for (int r = 0; r < R; ++r) {
         const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row[r] + kb)));
         const __m512 we = _mm512_permutexvar_ps(d, tbl[r]);
@@ -213,7 +213,7 @@ HZ_FN void micro_f8(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const f
     }
     for (int64_t k = k0; k < k1; k += 32) {
       if ((k & 63) == 0)
-        for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + k + pf), _MM_HINT_T0);
+        for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + k + pf), HINAMOE_QPF_HINT);
       for (int r = 0; r < R; ++r)
         for (int h = 0; h < 2; ++h) {
           const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[r] + k + 16 * h));
@@ -248,7 +248,7 @@ HZ_FN void micro_f4_t1(const QWeight& w, int64_t n, int64_t ka, int64_t kz, cons
   for (int64_t k = ka; k < kz; k += 32) {
     const int64_t b = k >> 5, kb = k >> 1;
     if ((kb & 63) == 0)
-      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kb + pf), _MM_HINT_T0);
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kb + pf), HINAMOE_QPF_HINT);
     if ((b & 15) == 0)
       for (int r = 0; r < R; ++r) prefetch_scales<SDT>(w, n + r + HINAMOE_QPF_TILES * R, b);
     const __m512 x0 = _mm512_loadu_ps(X + k), x1 = _mm512_loadu_ps(X + k + 16);
@@ -467,7 +467,9 @@ HZ_FN void tt_chunk(const float* Wd, const float* XT, int64_t J, float* C, bool 
 
 // Before row n + r's chunk at kc is unpacked (chunks of `chunk` columns): its
 // codes two chunks ahead (the next block's rows, R further, near the row's
-// end) and their scales into L1. One chunk ahead, the unpacking loads still
+// end) into L1 (this path, from 12 tokens, was tuned with T0; the 1-2 token
+// kernels' HINAMOE_QPF_HINT was not measured here), their scales as
+// prefetch_scales puts them. One chunk ahead, the unpacking loads still
 // stalled on misses (in-process A/B on Zen 5, 16 tokens: 8.0 against 9.2
 // ms; three or four ahead: no further gain).
 template <int BITS, DType SDT>
@@ -600,7 +602,7 @@ HZ_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, cons
     __m512i lo[R], hi[R];
     __m512 sw[R];
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(row[r] + k / 2 + pf), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(row[r] + k / 2 + pf), HINAMOE_QPF_HINT);
       if ((b & 15) == 0) prefetch_scales<SDT>(w, n + r + HINAMOE_QPF_TILES * R, b);
       const __m512i v = _mm512_loadu_si512(row[r] + k / 2);
       lo[r] = _mm512_and_si512(v, low4);
@@ -667,7 +669,7 @@ HZ_VNNI_FN void micro_i8_d32(const QWeight& w, int64_t n, const QTokens& x, cons
     __m512i u[R];
     __m512 sw[R];
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(row[r] + k + pf), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(row[r] + k + pf), HINAMOE_QPF_HINT);
       if ((b & 15) == 0) prefetch_scales<SDT>(w, n + r + HINAMOE_QPF_TILES * R, b);
       u[r] = _mm512_loadu_si512(row[r] + k);
       sw[r] = _mm512_permutexvar_ps(dual, _mm512_zextps128_ps512(scales2<SDT>(w, n + r, b)));
