@@ -25,8 +25,10 @@ constexpr int64_t kPrefetchBytes = HINAMOE_QPF_BYTES;  // software prefetch dist
 #endif
 // The codes' and scales' prefetch goes to L2 (T1): on Zen 5 (2026-12-04,
 // hina-bench ffn A/B, 2 threads, Qwen3-30B-A3B / gpt-oss-20b, int4/int8,
-// 1-2 tokens per expert) the QMoE layers took 8-40% less time than with T0,
-// probably because T0 requests queue on L1's few miss buffers (untested).
+// 1-2 tokens per expert) the QMoE layers took 8-40% less time than with T0
+// on the avx512 kernels; on the avx2 kernels x CPU EP rose at most points
+// (gpt-oss-20b at 2 tokens within the noise). Probably T0 requests queue
+// on L1's few miss buffers (untested: no counters on that VM).
 #ifndef HINAMOE_QPF_HINT
 #define HINAMOE_QPF_HINT _MM_HINT_T1
 #endif
