@@ -10,6 +10,7 @@
 
 #include "gemm_rows_tiling.h"
 #include "tier.h"
+#include "weight_prefetch.h"
 
 #define HINAMOE_AVX2_FN __attribute__((target("avx2,fma,f16c")))
 #define HINAMOE_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
@@ -28,7 +29,7 @@
 #ifndef HINAMOE_PF_HINT
 #define HINAMOE_PF_HINT _MM_HINT_T1
 #endif
-// Short contiguous blocks prefetch the next block linearly (see micro()):
+// Short contiguous blocks prefetch the next block linearly (weight_prefetch.h):
 // up to LIN_MAX KiB, into L1 up to LIN_L1 KiB, else L2. Knobs for A/B runs.
 #ifndef HINAMOE_LIN_MAX
 #define HINAMOE_LIN_MAX 48
@@ -80,38 +81,17 @@ template <DType DT, int R, int T>
 HINAMOE_AVX2_FN void micro(const typename Elem<DT>::T* w, int64_t K, int64_t ldw, const float* x, int64_t ldx,
                            float* y, int64_t ldy, bool accumulate) {
   using E = typename Elem<DT>::T;
-  constexpr int64_t kPf = HINAMOE_PF_DIST / int64_t(sizeof(E));
   __m256 acc[R][T];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  // Prefetch, by the size of this call's block of R rows:
-  //  * contiguous and <= 48 KiB (short rows): the next block, as one linear
-  //    stream, as many bytes per step as this step consumes. Per-row
-  //    prefetch left each block's first lines cold: K = 768 bf16 streamed
-  //    20-40% slower. Into L1 up to 24 KiB, else into L2 (K = 2048: +4-11%);
-  //  * else per row, HINAMOE_PF_DIST bytes ahead, running on past the row's
-  //    end into the same row of the next block (the next micro call).
-  constexpr int64_t step_bytes = R * 8 * int64_t(sizeof(E));
-  const int64_t block_bytes = R * K * int64_t(sizeof(E));
-  const int lin = ldw != K || block_bytes > HINAMOE_LIN_MAX * 1024 ? 0 : block_bytes > HINAMOE_LIN_L1 * 1024 ? 2 : 1;
-  const char* next_block = reinterpret_cast<const char*>(w + R * ldw);
+  // Prefetch (weight_prefetch.h): the next block of short rows linearly,
+  // into L1 up to 24 KiB, else into L2 (K = 2048: +4-11%); long rows per row.
+  const WeightPrefetch<E, R, 8, HINAMOE_PF_DIST, HINAMOE_PF_HINT, HINAMOE_LIN_MAX, HINAMOE_LIN_L1> prefetch(w, K, ldw);
   const int64_t K8 = K & ~int64_t(7);
   for (int64_t k = 0; k < K8; k += 8) {
-    if (lin != 0) {
-      const int64_t off = (k / 8) * step_bytes;
-      const char* pn = next_block + off;
-      // Steps under a line (R < 4 bf16/f16): once per line.
-      for (int64_t b = 0; b < step_bytes && (step_bytes >= 64 || (off & 63) < step_bytes); b += 64) {
-        if (lin == 1) _mm_prefetch(pn + b, _MM_HINT_T0);
-        else _mm_prefetch(pn + b, _MM_HINT_T1);
-      }
-    } else if (HINAMOE_PF_DIST > 0 && ((k * int64_t(sizeof(E))) & 63) == 0) {
-      const E* pf = k + kPf < K ? w + k + kPf : w + R * ldw + (k + kPf - K);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw), HINAMOE_PF_HINT);
-    }
+    prefetch.before(k);
     __m256 wv[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) wv[r] = load8<DT>(w + r * ldw + k);

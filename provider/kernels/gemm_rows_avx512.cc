@@ -23,6 +23,7 @@
 #include "avx512_hsum.h"
 #include "gemm_rows_tiling.h"
 #include "tier.h"
+#include "weight_prefetch.h"
 
 #define HINAMOE_AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 #define HINAMOE_AVX512_FN __attribute__((target(HINAMOE_AVX512_TARGET)))
@@ -125,44 +126,10 @@ HINAMOE_AVX512_INLINE void step(const typename Elem<DT>::T* w, int64_t ldw, cons
   }
 }
 
-// The weight prefetch of the micro-kernels, as the avx2 tier does it (see
-// there why): short contiguous blocks (<= LIN_MAX KiB) prefetch the next
-// block as one linear stream, as many bytes per step as the step consumes,
-// into L1 up to LIN_L1 KiB, else into L2; otherwise per row, PF_DIST bytes
-// ahead, running on past the row's end into the same row of the next block.
+// This tier's weight prefetch (weight_prefetch.h) for steps of StepElems.
 template <class E, int R, int64_t StepElems>
-struct WeightPrefetch {
-  static constexpr int64_t step_bytes = R * StepElems * int64_t(sizeof(E));
-  static constexpr int64_t ahead = HINAMOE_AVX512_PF_DIST / int64_t(sizeof(E));
-  const E* w;
-  int64_t K, ldw;
-  const char* next_block;
-  int lin;  // 0: per row; 1: next block into L1; 2: into L2
-
-  HINAMOE_AVX512_INLINE WeightPrefetch(const E* w_, int64_t K_, int64_t ldw_)
-      : w(w_), K(K_), ldw(ldw_), next_block(reinterpret_cast<const char*>(w_ + R * ldw_)) {
-    const int64_t block_bytes = R * K * int64_t(sizeof(E));
-    lin = ldw != K || block_bytes > HINAMOE_AVX512_LIN_MAX * 1024 ? 0
-          : block_bytes > HINAMOE_AVX512_LIN_L1 * 1024               ? 2
-                                                                       : 1;
-  }
-  // Before the step that reads elements [k, k + StepElems) of the rows.
-  HINAMOE_AVX512_INLINE void before(int64_t k) const {
-    if (lin != 0) {
-      const int64_t off = (k / StepElems) * step_bytes;
-      const char* pn = next_block + off;
-      // Steps under a line: once per line.
-      for (int64_t b = 0; b < step_bytes && (step_bytes >= 64 || (off & 63) < step_bytes); b += 64) {
-        if (lin == 1) _mm_prefetch(pn + b, _MM_HINT_T0);
-        else _mm_prefetch(pn + b, _MM_HINT_T1);
-      }
-    } else if (HINAMOE_AVX512_PF_DIST > 0 && ((k * int64_t(sizeof(E))) & 63) == 0) {
-      const E* pf = k + ahead < K ? w + k + ahead : w + R * ldw + (k + ahead - K);
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw), HINAMOE_AVX512_PF_HINT);
-    }
-  }
-};
+using TierPrefetch = WeightPrefetch<E, R, StepElems, HINAMOE_AVX512_PF_DIST, HINAMOE_AVX512_PF_HINT,
+                                 HINAMOE_AVX512_LIN_MAX, HINAMOE_AVX512_LIN_L1>;
 
 // R weight rows x T tokens over the whole K:
 // y[t*ldy + r] (+)= dot(w row r, x row t) over K elements; rows are ldw apart.
@@ -175,7 +142,7 @@ HINAMOE_AVX512_FN void micro(const typename Elem<DT>::T* w, int64_t K, int64_t l
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  const WeightPrefetch<E, R, 16> prefetch(w, K, ldw);
+  const TierPrefetch<E, R, 16> prefetch(w, K, ldw);
   const int64_t K16 = K & ~int64_t(15);
   for (int64_t k = 0; k < K16; k += 16) {
     prefetch.before(k);
@@ -259,7 +226,7 @@ HINAMOE_AVX512_FN void micro_bf16_eo(const uint16_t* w, int64_t K, int64_t ldw, 
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r][0] = odd[r] = _mm512_setzero_ps();
   const __m512i hi = _mm512_set1_epi32(int32_t(0xFFFF0000u));
-  const WeightPrefetch<uint16_t, R, 32> prefetch(w, K, ldw);  // a cache line per row and step
+  const TierPrefetch<uint16_t, R, 32> prefetch(w, K, ldw);  // a cache line per row and step
   const int64_t K32 = K & ~int64_t(31);
   for (int64_t k = 0; k < K32; k += 32) {
     prefetch.before(k);
