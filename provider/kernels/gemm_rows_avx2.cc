@@ -29,13 +29,18 @@
 #ifndef HINAMOE_PF_HINT
 #define HINAMOE_PF_HINT _MM_HINT_T1
 #endif
-// Short contiguous blocks prefetch the next block linearly (weight_prefetch.h):
-// up to LIN_MAX KiB, into L1 up to LIN_L1 KiB, else L2. Knobs for A/B runs.
+// Short contiguous blocks prefetch the next block linearly into L2
+// (weight_prefetch.h), up to LIN_MAX KiB. Knob for A/B runs.
 #ifndef HINAMOE_LIN_MAX
 #define HINAMOE_LIN_MAX 48
 #endif
-#ifndef HINAMOE_LIN_L1
-#define HINAMOE_LIN_L1 24
+// One token on contiguous rows of at most ROW1_MAXK elements: rows_one_token.
+// On Zen 5 against ggml at 1 token per expert (hina-bench ffn, 3 alternating
+// rounds, 2026-12-04): Qwen3-30B-A3B 0.92-0.99x -> 0.99-1.01x, the other
+// shapes within the noise; for every K (Mixtral-8x7B, DeepSeek-V3 gate/up)
+// it was 20-40% slower, hence the limit.
+#ifndef HINAMOE_ROW1_MAXK
+#define HINAMOE_ROW1_MAXK 3072
 #endif
 
 namespace hinamoe {
@@ -87,8 +92,8 @@ HINAMOE_AVX2_FN void micro(const typename Elem<DT>::T* w, int64_t K, int64_t ldw
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
   // Prefetch (weight_prefetch.h): the next block of short rows linearly,
-  // into L1 up to 24 KiB, else into L2 (K = 2048: +4-11%); long rows per row.
-  const WeightPrefetch<E, R, 8, HINAMOE_PF_DIST, HINAMOE_PF_HINT, HINAMOE_LIN_MAX, HINAMOE_LIN_L1> prefetch(w, K, ldw);
+  // long rows per row.
+  const WeightPrefetch<E, R, 8, HINAMOE_PF_DIST, HINAMOE_PF_HINT, HINAMOE_LIN_MAX> prefetch(w, K, ldw);
   const int64_t K8 = K & ~int64_t(7);
   for (int64_t k = 0; k < K8; k += 8) {
     prefetch.before(k);
@@ -113,6 +118,30 @@ HINAMOE_AVX2_FN void micro(const typename Elem<DT>::T* w, int64_t K, int64_t ldw
   }
 }
 
+// One token, contiguous short rows: one row at a time with four
+// accumulators, so each thread reads its rows as one linear stream, as
+// ggml's vec_dot does, left to the hardware prefetcher. Only while the token
+// row (K floats) stays in L1 next to the stream: re-read for every row.
+template <DType DT>
+HINAMOE_AVX2_FN void rows_one_token(const typename Elem<DT>::T* w, int64_t K, int64_t rows, const float* x,
+                                    float* y, bool accumulate) {
+  const int64_t K32 = K & ~int64_t(31);
+  for (int64_t r = 0; r < rows; ++r, w += K) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t k = 0; k < K32; k += 32) {
+      a0 = _mm256_fmadd_ps(load8<DT>(w + k), _mm256_loadu_ps(x + k), a0);
+      a1 = _mm256_fmadd_ps(load8<DT>(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+      a2 = _mm256_fmadd_ps(load8<DT>(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+      a3 = _mm256_fmadd_ps(load8<DT>(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+    }
+    int64_t k = K32;
+    for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(load8<DT>(w + k), _mm256_loadu_ps(x + k), a0);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; k < K; ++k) s += load1<DT>(w + k) * x[k];
+    y[r] = accumulate ? y[r] + s : s;
+  }
+}
+
 // Rows per micro-kernel call for a token tile of T: R*T accumulators + R
 // weight registers + 1 token register fit the 16 ymm registers.
 // One token: 8 rows (8 weight streams, 8 independent FMA chains) measured
@@ -128,6 +157,10 @@ template <DType DT, int T>
 HINAMOE_AVX2_FN void rows_loop(const typename Elem<DT>::T* W, int64_t kc, int64_t ldw, int64_t nb0, int64_t nb1,
                                int64_t n0, const float* x, int64_t ldx, float* y, int64_t ldy, bool acc) {
   constexpr int R = rows_for(T);
+  if (T == 1 && ldw == kc && kc <= HINAMOE_ROW1_MAXK) {
+    rows_one_token<DT>(W + nb0 * ldw, kc, nb1 - nb0, x, y + (nb0 - n0), acc);
+    return;
+  }
   int64_t n = nb0;
   for (; n + R <= nb1; n += R) micro<DT, R, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc);
   // Leftover rows (fewer than R): at most one call of each smaller size.

@@ -31,10 +31,9 @@
 
 // Software prefetch on the weight stream, as in the avx2 tier (its scheme):
 // PF_DIST bytes ahead of the current load (0 = none) into PF_HINT, or, for
-// contiguous blocks up to LIN_MAX KiB, the next block linearly (into L1 up
-// to LIN_L1 KiB, else L2). Knobs for A/B runs; see micro(). Both into L2
-// here: on Zen 5 at 1 token per expert, T1 instead of T0 on the per-row
-// path streamed Mixtral-8x7B and DeepSeek-V3 experts 10-40% faster (x ggml
+// contiguous blocks up to LIN_MAX KiB, the next block linearly into L2.
+// Knobs for A/B runs; see micro(). Into L2, not L1: on Zen 5 at 1 token
+// per expert, T1 instead of T0 on the per-row path streamed Mixtral-8x7B and DeepSeek-V3 experts 10-40% faster (x ggml
 // 0.74-0.97 -> 0.98-1.26, hina-bench ffn A/B, 2026-12-04); the short rows
 // of the linear path (Qwen3's down projection) moved within the noise.
 #ifndef HINAMOE_AVX512_PF_DIST
@@ -45,9 +44,6 @@
 #endif
 #ifndef HINAMOE_AVX512_LIN_MAX
 #define HINAMOE_AVX512_LIN_MAX 48
-#endif
-#ifndef HINAMOE_AVX512_LIN_L1
-#define HINAMOE_AVX512_LIN_L1 0
 #endif
 
 namespace hinamoe {
@@ -129,7 +125,7 @@ HINAMOE_AVX512_INLINE void step(const typename Elem<DT>::T* w, int64_t ldw, cons
 // This tier's weight prefetch (weight_prefetch.h) for steps of StepElems.
 template <class E, int R, int64_t StepElems>
 using TierPrefetch = WeightPrefetch<E, R, StepElems, HINAMOE_AVX512_PF_DIST, HINAMOE_AVX512_PF_HINT,
-                                 HINAMOE_AVX512_LIN_MAX, HINAMOE_AVX512_LIN_L1>;
+                                 HINAMOE_AVX512_LIN_MAX>;
 
 // R weight rows x T tokens over the whole K:
 // y[t*ldy + r] (+)= dot(w row r, x row t) over K elements; rows are ldw apart.

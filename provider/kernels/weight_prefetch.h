@@ -3,7 +3,8 @@
 //  * contiguous and <= LinMax KiB (short rows): the next block, as one linear
 //    stream, as many bytes per step as the step reads (per-row prefetch left
 //    each block's first lines cold: K = 768 bf16 streamed 20-40% slower),
-//    into L1 up to LinL1 KiB, else into L2;
+//    into L2 (into L1 up to 24 KiB measured 25-50% slower at 2-4 tokens on
+//    Zen 5: hina-bench ffn A/B against ggml, 2026-12-04);
 //  * else per row, Dist bytes ahead into Hint, running on past the row's end
 //    into the same row of the next block (the next micro-kernel call).
 // Each tier passes its own knobs (HINAMOE_PF_* / HINAMOE_AVX512_PF_*, and why
@@ -17,31 +18,29 @@
 
 namespace hinamoe {
 
-template <class E, int R, int64_t StepElems, int64_t Dist, int Hint, int64_t LinMaxKiB, int64_t LinL1KiB>
+template <class E, int R, int64_t StepElems, int64_t Dist, int Hint, int64_t LinMaxKiB>
 struct WeightPrefetch {
   static constexpr int64_t step_bytes = R * StepElems * int64_t(sizeof(E));
   static constexpr int64_t ahead = Dist / int64_t(sizeof(E));
   const E* w;
   int64_t K, ldw;
   const char* next_block;
-  int lin;  // 0: per row; 1: next block into L1; 2: into L2
+  bool lin;  // the next block linearly, else per row
 
   __attribute__((always_inline)) WeightPrefetch(const E* w_, int64_t K_, int64_t ldw_)
       : w(w_), K(K_), ldw(ldw_), next_block(reinterpret_cast<const char*>(w_ + R * ldw_)) {
     const int64_t block_bytes = R * K * int64_t(sizeof(E));
-    lin = ldw != K || block_bytes > LinMaxKiB * 1024 ? 0 : block_bytes > LinL1KiB * 1024 ? 2 : 1;
+    lin = ldw == K && block_bytes <= LinMaxKiB * 1024;
   }
 
   // Before the step that reads elements [k, k + StepElems) of the rows.
   __attribute__((always_inline)) void before(int64_t k) const {
-    if (lin != 0) {
+    if (lin) {
       const int64_t off = (k / StepElems) * step_bytes;
       const char* pn = next_block + off;
       // Steps under a line (few rows of 16-bit weights): once per line.
-      for (int64_t b = 0; b < step_bytes && (step_bytes >= 64 || (off & 63) < step_bytes); b += 64) {
-        if (lin == 1) _mm_prefetch(pn + b, _MM_HINT_T0);
-        else _mm_prefetch(pn + b, _MM_HINT_T1);
-      }
+      for (int64_t b = 0; b < step_bytes && (step_bytes >= 64 || (off & 63) < step_bytes); b += 64)
+        _mm_prefetch(pn + b, _MM_HINT_T1);
     } else if (Dist > 0 && ((k * int64_t(sizeof(E))) & 63) == 0) {
       const E* pf = k + ahead < K ? w + k + ahead : w + R * ldw + (k + ahead - K);
 #pragma GCC unroll 16
