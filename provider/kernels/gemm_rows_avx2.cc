@@ -37,7 +37,7 @@
 // One token on contiguous rows of at most ROW1_MAXK elements: rows_one_token.
 // On Zen 5 against ggml at 1 token per expert (hina-bench ffn, 3 alternating
 // rounds, 2026-12-04): Qwen3-30B-A3B 0.92-0.99x -> 0.99-1.01x, the other
-// shapes within the noise; for every K (Mixtral-8x7B, DeepSeek-V3 gate/up)
+// shapes within the noise; on longer rows (Mixtral-8x7B, DeepSeek-V3 gate/up)
 // it was 20-40% slower, hence the limit.
 #ifndef HINAMOE_ROW1_MAXK
 #define HINAMOE_ROW1_MAXK 3072
