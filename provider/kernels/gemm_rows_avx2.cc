@@ -20,9 +20,10 @@
 // the hardware prefetcher alone at M = 1..16, and faster than NTA or than
 // 512 / 2048 bytes ahead (hinamoe_kernel_bench; the machine is shared, so
 // best-of-rounds numbers). Into L2 (T1), not L1 (with 8 rows in flight the
-// L1 miss buffers probably run out): on Zen 5 at 1 token per expert T1 streamed the
-// long rows of Mixtral-8x7B and DeepSeek-V3 (per-row prefetch) 10-40%
-// faster than T0 (hina-bench ffn A/B against ggml, 2026-12-04).
+// L1 miss buffers probably run out): on Zen 5 at 1 token per expert T1
+// streamed the long rows of Mixtral-8x7B and DeepSeek-V3 (per-row
+// prefetch) 10-40% faster than T0 (hina-bench ffn A/B against ggml,
+// 2026-12-04).
 #ifndef HINAMOE_PF_DIST
 #define HINAMOE_PF_DIST 1024
 #endif

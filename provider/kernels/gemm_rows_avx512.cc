@@ -34,9 +34,9 @@
 // contiguous blocks up to LIN_MAX KiB, the next block linearly into L2.
 // Knobs for A/B runs; see micro(). Into L2, not L1: on Zen 5 at 1 token
 // per expert, T1 instead of T0 on the per-row path streamed Mixtral-8x7B
-// and DeepSeek-V3 experts 10-40% faster (x ggml
-// 0.74-0.97 -> 0.98-1.26, hina-bench ffn A/B, 2026-12-04); the short rows
-// of the linear path (Qwen3's down projection) moved within the noise.
+// and DeepSeek-V3 experts 10-40% faster (x ggml 0.74-0.97 -> 0.98-1.26,
+// hina-bench ffn A/B, 2026-12-04); the short rows of the linear path
+// (Qwen3's down projection) moved within the noise.
 #ifndef HINAMOE_AVX512_PF_DIST
 #define HINAMOE_AVX512_PF_DIST 1024
 #endif
