@@ -19,6 +19,7 @@
 #include "aligned_buffer.h"
 #include "moe_work.h"
 #include "numa/segment_table.h"
+#include "scratch.h"
 
 namespace hinamoe {
 namespace detail {
@@ -87,9 +88,9 @@ void node_partial(const numa::SegmentTable& tb, int node, const KernelTier& tier
 
 // Row-streaming tiers: per-route expert outputs y [R, H] (float) from
 // gemm_rows over the weight rows in place.
-std::vector<float> expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at, const MoETensors& t,
-                                       int64_t t0, const Routes& routes, const KernelTier& tier,
-                                       const Parallel& par, NumaRun* nr) {
+void expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at, const MoETensors& t, int64_t t0,
+                         const Routes& routes, const KernelTier& tier, const Parallel& par, NumaRun* nr,
+                         std::vector<float>* y_out) {
   const int64_t H = shape.hidden, I = shape.inter, E = shape.experts;
   const bool gated = is_gated(at.activation);
   const int64_t N1 = gated ? 2 * I : I;  // scratch row: [gate | up] or interleaved pairs
@@ -106,8 +107,15 @@ std::vector<float> expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at
   // in one pass, an expert's down items write while other experts' gate/up
   // items still read their inputs.
   const int64_t ldx = padded_ld(H), lda = padded_ld(I);
-  AlignedVector<float> xs(size_t(R * ldx)), act(size_t(R * lda));
-  std::vector<float> h1(size_t(R * N1)), y(size_t(R * H));
+  Scratch<AlignedVector<float>> xs_s, act_s;
+  Scratch<std::vector<float>> h1_s;
+  AlignedVector<float> &xs = *xs_s, &act = *act_s;
+  std::vector<float>& h1 = *h1_s;
+  std::vector<float>& y = *y_out;
+  xs.assign(size_t(R * ldx), 0.0f);
+  act.assign(size_t(R * lda), 0.0f);
+  h1.assign(size_t(R * N1), 0.0f);
+  y.assign(size_t(R * H), 0.0f);
 
   // Gather each expert's tokens (grouped order) as float rows.
   {
@@ -275,8 +283,6 @@ std::vector<float> expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at
       });
     }
   }
-
-  return y;
 }
 
 }  // namespace detail

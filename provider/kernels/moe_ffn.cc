@@ -13,6 +13,7 @@
 #include "moe_ffn.h"
 #include "moe_work.h"
 #include "routing.h"
+#include "scratch.h"
 
 namespace hinamoe {
 namespace {
@@ -57,14 +58,14 @@ std::string run_chunk(const MoEShape& shape, const MoEAttrs& at, const MoETensor
   if (!err.empty()) return err;
 
   // Per-route expert outputs y [R, H] (float), then the weighted combine.
-  std::vector<float> y;
+  Scratch<std::vector<float>> y;
   if (tier.bf16_blocks != nullptr && dt == DType::BF16) {
-    err = expert_outputs_blocks(shape, at, t, t0, routes, *tier.bf16_blocks, par, nr, &y);
+    err = expert_outputs_blocks(shape, at, t, t0, routes, *tier.bf16_blocks, par, nr, &*y);
     if (!err.empty()) return err;
   } else {
-    y = expert_outputs_rows(shape, at, t, t0, routes, tier, par, nr);
+    expert_outputs_rows(shape, at, t, t0, routes, tier, par, nr, &*y);
   }
-  const float* yr = y.data();
+  const float* yr = y->data();
 
   // Phase 3: out[t] = sum over its routes (slot order) of weight * y_route.
   {

@@ -223,11 +223,11 @@ inline void add_partials(float* dst, const float* part, int nodes, int64_t node_
 }
 
 // Row-streaming tiers (expert_rows.cc): per-route expert outputs y [R, H]
-// (float) from gemm_rows over the weight rows in place; with nr (more than
-// one NUMA node) every GEMM is split by node.
-std::vector<float> expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at, const MoETensors& t,
-                                       int64_t t0, const Routes& routes, const KernelTier& tier,
-                                       const Parallel& par, NumaRun* nr);
+// (float, into *y_out) from gemm_rows over the weight rows in place; with nr
+// (more than one NUMA node) every GEMM is split by node.
+void expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at, const MoETensors& t, int64_t t0,
+                         const Routes& routes, const KernelTier& tier, const Parallel& par, NumaRun* nr,
+                         std::vector<float>* y_out);
 
 // Token-transforming tiers (expert_blocks.cc, AMX): the same outputs from the
 // tier's per-expert gather / gate-up / down blocks; with nr every weight's

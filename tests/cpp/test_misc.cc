@@ -1,5 +1,5 @@
-// Tier selection, the thread pool, the bandwidth probe, the C ABI and
-// concurrent calls.
+// Tier selection, the thread pool, the bandwidth probe, the C ABI,
+// concurrent calls and the drivers' per-thread scratch pools.
 #include <algorithm>
 #include <atomic>
 #include <stdexcept>
@@ -9,6 +9,7 @@
 #include "fma_peak.h"
 #include "c_api.h"
 #include "moe_ffn.h"
+#include "scratch.h"
 #include "test_util.h"
 #include "thread_pool.h"
 
@@ -233,4 +234,37 @@ TEST(concurrent_calls) {
   bool same = errors.load() == 0;
   for (int i = 0; i < 4; ++i) same &= want[i] == got[i];
   ht::check(same, "concurrent results equal serial ones");
+}
+
+// Scratch: a buffer given back is the next lease's (same storage), leases
+// held together get distinct buffers, and one over kScratchKeepBytes is
+// freed, not kept. On a fresh thread, so the pool starts empty.
+TEST(scratch_pool_reuses_and_bounds_buffers) {
+  std::thread([] {
+    const float* first = nullptr;
+    {
+      Scratch<std::vector<float>> a;
+      CHECK(a->capacity() == 0);
+      a->assign(1000, 1.0f);
+      first = a->data();
+    }
+    {
+      Scratch<std::vector<float>> a;
+      CHECK_MSG(a->data() == first && a->capacity() >= 1000, "the returned buffer is reused");
+      Scratch<std::vector<float>> b;
+      CHECK_MSG(b->capacity() == 0, "a lease held at the same time gets its own buffer");
+      b->assign(2000, 2.0f);
+    }
+    {
+      Scratch<std::vector<float>> a;
+      a->assign(kScratchKeepBytes / sizeof(float) + 1, 0.0f);
+    }
+    {
+      Scratch<std::vector<float>> a, b, c;
+      CHECK_MSG(a->capacity() < kScratchKeepBytes / sizeof(float) && b->capacity() < kScratchKeepBytes / sizeof(float) &&
+                    c->capacity() == 0,
+                "a buffer over the limit is not kept: " << a->capacity() << ", " << b->capacity() << ", "
+                                                        << c->capacity());
+    }
+  }).join();
 }

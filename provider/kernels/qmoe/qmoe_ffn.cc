@@ -17,6 +17,7 @@
 #include "../activation.h"
 #include "../aligned_buffer.h"
 #include "../moe_work.h"
+#include "../scratch.h"
 #include "qmoe_routing.h"
 
 namespace hinamoe {
@@ -115,9 +116,12 @@ struct Operand {
   std::vector<int32_t> xpos;                // where element k of a float row goes (empty: k order)
 
   // The orders come from the tier's kernels for this operand's weights
-  // (int8 operands quantise x from k order).
+  // (int8 operands quantise x from k order). Buffers may come from an
+  // earlier call (Scratch): everything is set again here.
   void init(const QuantKernels& qk, int bits, int64_t R, int64_t K_, int64_t nb_, int64_t block_size, bool int8_,
             bool zero_points_) {
+    xpos.clear();
+    qpos.clear();
     K = K_;
     nb = nb_;
     block = nb == 1 ? K : block_size;
@@ -139,6 +143,10 @@ struct Operand {
     }
   }
   int64_t pos(int64_t k) const { return xpos.empty() ? k : xpos[size_t(k)]; }
+  friend size_t heap_bytes(const Operand& o) {
+    return heap_bytes(o.x) + heap_bytes(o.q) + heap_bytes(o.qpos) + heap_bytes(o.qscale) + heap_bytes(o.qsum) +
+           heap_bytes(o.xpos);
+  }
   // The int8 codes of rows [p0, p1) after x is written.
   void finish(int64_t p0, int64_t p1) {
     if (int8)
@@ -272,12 +280,16 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
   // int8 tokens only for block-wise weights (row-wise ones keep float).
   const bool i8_1 = qa.int8_activations && t.fc1_nb > 1 && (!t.fc3_w || t.fc3_nb == t.fc1_nb);
   const bool i8_2 = qa.int8_activations && t.fc2_nb > 1;
-  Operand in1, in2;
+  Scratch<Operand> in1_s, in2_s;
+  Operand &in1 = *in1_s, &in2 = *in2_s;
   // fc1 and fc3 share the operand: an order for zero points when either has them.
   const bool zp1 = t.fc1_zp != nullptr || (t.fc3_w != nullptr && t.fc3_zp != nullptr);
   in1.init(qk, qa.bits, R, H, t.fc1_nb, qa.block_size, i8_1, zp1);
   in2.init(qk, qa.bits, R, I, t.fc2_nb, qa.block_size, i8_2, t.fc2_zp != nullptr);
-  std::vector<float> h1(size_t(R * N1)), y(size_t(R * H));
+  Scratch<std::vector<float>> h1_s, y_s;
+  std::vector<float> &h1 = *h1_s, &y = *y_s;
+  h1.assign(size_t(R * N1), 0.0f);
+  y.assign(size_t(R * H), 0.0f);
 
   // Gather each expert's tokens as float rows (+ int8 codes).
   {
