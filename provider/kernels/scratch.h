@@ -1,12 +1,14 @@
 // Scratch buffers the MoE and QMoE drivers borrow from a pool of the calling
 // thread and give back when the call ends, so the next call reuses them. A
-// 16-token step needs a few MiB of buffers; freed, glibc hands blocks of
-// that size back to the kernel (munmap, heap trimming), and every step then
-// faulted in and zeroed fresh pages: 15-30% of a 16-token call on Zen 5
-// (2 threads, hinamoe_qmoe_bench / hinamoe_kernel_bench with glibc's
-// mmap and trim thresholds raised, 2026-12-04). A thread keeps at most
-// kScratchKeepBytes in its pool; larger buffers (prefill batches) are freed
-// as before.
+// 16-token step needs a few MiB of buffers; freed, glibc may hand blocks of
+// that size back to the kernel (munmap, heap trimming), and the next step
+// then faults in and zeroes fresh pages. In the C++ benches on Zen 5 (2
+// threads, 2026-12-04) that was 15-30% of a 16-token call (glibc's mmap and
+// trim thresholds raised: QMoE with int8 tokens 3.9-4.1 against 5.5-6.0
+// ms); inside ORT's process the same thresholds moved nothing beyond the
+// noise, so there this is insurance against the allocator's state. A
+// thread keeps at most kScratchKeepBytes in its pools; larger buffers
+// (prefill batches) are freed as before.
 #pragma once
 
 #include <cstddef>
@@ -49,8 +51,8 @@ class Scratch {
 
  private:
   static std::vector<V>& pool() {
-    thread_local std::vector<V> free;
-    return free;
+    thread_local std::vector<V> kept;
+    return kept;
   }
   static V take() {
     std::vector<V>& p = pool();
