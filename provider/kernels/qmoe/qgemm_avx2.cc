@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "../aligned_buffer.h"
 #include "qgemm_avx2_common.h"
 #include "qmoe_ffn.h"
 
@@ -200,10 +201,163 @@ inline void micro_float(const QWeight& w, int64_t n, const float* X, int64_t ldx
   else micro_f<BITS, R, T, SDT, ZP>(w, n, X, ldx, Y, ldy);
 }
 
+// ------------------------------------------ float path, many tokens
+// With many tokens the tiles below reach about 43% of the FMA rate (Zen 5,
+// one core, 4-bit codes in L2, 8-16 tokens: horizontal sums, a conversion
+// per code per tile, a token load per FMA). Here, as on the avx512 tier, a
+// call transposes its tokens once (XT[k][8 V]: V vectors of 8 tokens), each
+// block of R rows is dequantised kManyChunk columns at a time into an L1
+// buffer in the tokens' order, and every weight is broadcast against 8
+// tokens a vector into R x V accumulators: 68% of the FMA rate at 16
+// tokens, 51% at 12; streaming from DRAM on two threads (hinamoe_qmoe_bench,
+// Qwen3-30B-A3B / gpt-oss-20b) 15-37% less time at 16 tokens, no clear
+// change at 12, hence from 16 on.
+#ifndef HINAMOE_QAVX2_MANY
+#define HINAMOE_QAVX2_MANY 16
+#endif
+constexpr int64_t kManyTokens = HINAMOE_QAVX2_MANY;
+constexpr int64_t kManyChunk = 256;  // columns dequantised at a time (a multiple of 16)
+
+// The many-token path takes K in whole 16-element groups, each inside one
+// scale block (so every group has one scale and zero point).
+inline bool many_ok(const QWeight& w) { return w.K % 16 == 0 && (w.nb == 1 || w.block % 16 == 0); }
+
+// In-register transpose of an 8 x 8 float matrix (r[i] = row i).
+HQ_INLINE void transpose8(__m256 (&r)[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i + 0], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i + 0], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+  }
+}
+
+// XT[k * 8V + t] = X[t * ldx + k] for t < M (M <= 8 V), 0 for t >= M; K % 8 == 0.
+template <int V>
+HQ_FN void transpose_tokens8(const float* X, int64_t ldx, int64_t M, int64_t K, float* XT) {
+  for (int v = 0; v < V; ++v)
+    for (int64_t k = 0; k < K; k += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) {
+        const int64_t t = 8 * v + i;
+        r[i] = t < M ? _mm256_loadu_ps(X + t * ldx + k) : _mm256_setzero_ps();
+      }
+      transpose8(r);
+      for (int i = 0; i < 8; ++i) _mm256_store_ps(XT + (k + i) * 8 * V + 8 * v, r[i]);
+    }
+}
+
+// Row n's columns [k0, k1) (multiples of 16) as (q - zp) * s into out, in
+// the tokens' order (4-bit: EvenOdd per 16, 8-bit: k order).
+template <int BITS, DType SDT, bool ZP>
+HQ_INLINE void dequant_row(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out) {
+  const uint8_t* row = w.codes + n * w.row_stride();
+  const __m256i low4 = _mm256_set1_epi32(0xF);
+  for (int64_t k = k0; k < k1; k += 16) {
+    const int64_t b = w.nb == 1 ? 0 : k / w.block;
+    const float s = scale_at<SDT>(w, n, b);
+    const __m256 sv = _mm256_set1_ps(s), zv = _mm256_set1_ps(-float(zero_at<BITS, ZP>(w, n, b)) * s);
+    float* o = out + (k - k0);
+    if constexpr (BITS == 4) {
+      const __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k / 2)));
+      _mm256_store_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(d, low4)), sv, zv));
+      _mm256_store_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(d, 4)), sv, zv));
+    } else {
+      for (int h = 0; h < 2; ++h) {
+        const __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k + 8 * h)));
+        _mm256_store_ps(o + 8 * h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sv, zv));
+      }
+    }
+  }
+}
+
+// C[(r V + v) 8 ..] (+)= sum over j < J of Wd[r * kManyChunk + j] * XT[j * 8V + 8v ..].
+template <int R, int V>
+HQ_FN void many_chunk(const float* Wd, const float* XT, int64_t J, float* C, bool first) {
+  // Fully unrolled over r and v so the accumulators stay in registers.
+  __m256 acc[R][V];
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) acc[r][v] = first ? _mm256_setzero_ps() : _mm256_load_ps(C + (r * V + v) * 8);
+  for (int64_t j = 0; j < J; ++j) {
+    __m256 xv[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) xv[v] = _mm256_load_ps(XT + j * 8 * V + 8 * v);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      const __m256 wb = _mm256_broadcast_ss(Wd + r * kManyChunk + j);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(wb, xv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) _mm256_store_ps(C + (r * V + v) * 8, acc[r][v]);
+}
+
+// Rows [n, n + R) against the M (<= 8 V) tokens of XT: Y[t * ldy + r].
+template <int BITS, DType SDT, bool ZP, int R, int V>
+HQ_FN void many_rows(const QWeight& w, int64_t n, const float* XT, int64_t M, float* Y, int64_t ldy, float* Wd,
+                     float* C) {
+  const int64_t rb = w.row_stride();
+  for (int64_t kc = 0; kc < w.K; kc += kManyChunk) {
+    const int64_t kz = std::min(w.K, kc + kManyChunk);
+    for (int r = 0; r < R; ++r) {
+      // The codes two chunks ahead (near a row's end: the next block's row).
+      const int64_t kn = kc + 2 * kManyChunk;
+      const uint8_t* next = kn < w.K ? w.codes + (n + r) * rb + kn * BITS / 8 : w.codes + (n + R + r) * rb + (kn - w.K) * BITS / 8;
+      for (int64_t o = 0; o < kManyChunk * BITS / 8; o += 64) _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T0);
+      dequant_row<BITS, SDT, ZP>(w, n + r, kc, kz, Wd + r * kManyChunk);
+    }
+    many_chunk<R, V>(Wd, XT + kc * 8 * V, kz - kc, C, kc == 0);
+  }
+  for (int64_t t = 0; t < M; ++t)
+    for (int r = 0; r < R; ++r) Y[t * ldy + r] = C[(r * V + t / 8) * 8 + t % 8];
+}
+
+template <int BITS, DType SDT, bool ZP, int V>
+void many_range(const QWeight& w, int64_t n0, int64_t n1, const float* XT, int64_t M, float* Y, int64_t ldy,
+                float* Wd, float* C) {
+  constexpr int R = V == 1 ? 12 : 6;  // R x V accumulators of the 16 ymm registers
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) many_rows<BITS, SDT, ZP, R, V>(w, n, XT, M, Y + (n - n0), ldy, Wd, C);
+  for (; n < n1; ++n) many_rows<BITS, SDT, ZP, 1, V>(w, n, XT, M, Y + (n - n0), ldy, Wd, C);
+}
+
+template <int BITS, DType SDT, bool ZP>
+void qgemm_many(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
+                int64_t ldy) {
+  // Per thread, reused across calls (K x 16 floats, 12 rows of a chunk).
+  thread_local AlignedVector<float> xt, wd(size_t(12 * kManyChunk)), c(size_t(12 * 8));
+  if (xt.size() < size_t(w.K * 16)) xt.resize(size_t(w.K * 16));
+  for (int64_t g = 0; g < M; g += 16) {
+    const int64_t Mg = std::min<int64_t>(16, M - g);
+    if (Mg > 8) {
+      transpose_tokens8<2>(X + g * ldx, ldx, Mg, w.K, xt.data());
+      many_range<BITS, SDT, ZP, 2>(w, n0, n1, xt.data(), Mg, Y + g * ldy, ldy, wd.data(), c.data());
+    } else {
+      transpose_tokens8<1>(X + g * ldx, ldx, Mg, w.K, xt.data());
+      many_range<BITS, SDT, ZP, 1>(w, n0, n1, xt.data(), Mg, Y + g * ldy, ldy, wd.data(), c.data());
+    }
+  }
+}
+
 // Row blocks (kRowBlock), in each every token tile of up to 3.
 template <int BITS, DType SDT, bool ZP>
 HQ_FN void qgemm_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
              int64_t ldy) {
+  if (M >= kManyTokens && many_ok(w)) return qgemm_many<BITS, SDT, ZP>(w, n0, n1, X, ldx, M, Y, ldy);
   // Blocks of 32 without zero points: micro_fq_b32 on the tokens' block sums.
   std::vector<float> xs;
   if constexpr (!ZP) {
