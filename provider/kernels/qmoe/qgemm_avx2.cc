@@ -1,11 +1,14 @@
 // The AVX2 quantised kernels: codes decoded in registers straight from the
-// packed rows (never a dequantised copy), several rows at once so several
-// weight streams are in flight, a software prefetch ahead on each.
+// packed rows (never a dequantised copy of a weight; from 16 tokens a
+// 256-column chunk of 12 rows at a time, in L1), several rows at once so
+// several weight streams are in flight, a software prefetch ahead on each.
 //   float path: 8-bit, 8 codes -> 8 int32 -> float -> weights by one FMA
 //     (q * s - zp * s) -> one FMA per token; 4-bit, 16 codes from one
 //     zero-extending load on tokens in EvenOdd order (micro_f4); for
 //     blocks of 32 without zero points (both widths) the scale applied per
-//     block to sum q x, the zero point once per row (micro_fq_b32);
+//     block to sum q x, the zero point once per row (micro_fq_b32); from
+//     16 tokens the tokens transposed and each weight broadcast against 8
+//     tokens a vector (qgemm_many);
 //   int8 path (accuracy_level 4, qgemm_i8_avx2.inc): 32 codes x 32 int8
 //     tokens per vpmaddubsw + vpmaddwd (8-bit: codes - 128 via sign/abs, so
 //     no int16 overflow); qgemm_avx2_vnni.cc runs the same body on vpdpbusd.
