@@ -261,8 +261,8 @@ TEST(scratch_pool_reuses_and_bounds_buffers) {
     }
     {
       Scratch<std::vector<float>> a, b, c;
-      CHECK_MSG(a->capacity() < kScratchKeepBytes / sizeof(float) && b->capacity() < kScratchKeepBytes / sizeof(float) &&
-                    c->capacity() == 0,
+      const size_t cap = kScratchKeepBytes / sizeof(float);
+      CHECK_MSG(a->capacity() < cap && b->capacity() < cap && c->capacity() == 0,
                 "a buffer over the limit is not kept: " << a->capacity() << ", " << b->capacity() << ", "
                                                         << c->capacity());
     }

@@ -319,8 +319,10 @@ HQ_FN void many_rows(const QWeight& w, int64_t n, const float* XT, int64_t M, fl
     for (int r = 0; r < R; ++r) {
       // The codes two chunks ahead (near a row's end: the next block's row).
       const int64_t kn = kc + 2 * kManyChunk;
-      const uint8_t* next = kn < w.K ? w.codes + (n + r) * rb + kn * BITS / 8 : w.codes + (n + R + r) * rb + (kn - w.K) * BITS / 8;
-      for (int64_t o = 0; o < kManyChunk * BITS / 8; o += 64) _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T0);
+      const int64_t rn = kn < w.K ? n + r : n + R + r, kr = kn < w.K ? kn : kn - w.K;
+      const uint8_t* next = w.codes + rn * rb + kr * BITS / 8;
+      for (int64_t o = 0; o < kManyChunk * BITS / 8; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T0);
       dequant_row<BITS, SDT, ZP>(w, n + r, kc, kz, Wd + r * kManyChunk);
     }
     many_chunk<R, V>(Wd, XT + kc * 8 * V, kz - kc, C, kc == 0);
