@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from . import cpu_mask
+
 # subcommand name -> module (relative to this package)
 SUBCOMMANDS = {
     "ffn": ".ffn",
@@ -30,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
             "against the machine's measured read bandwidth."),
         epilog="Run 'hina-bench <subcommand> --help' for the options of a subcommand.",
     )
+    parser.add_argument(
+        "--cpu-as", choices=cpu_mask.LEVELS, default=None, metavar="LEVEL",
+        help="run as on a CPU whose instruction sets stop at LEVEL (avx2 or avx512): "
+             "CPUID hides the rest from the whole process, so ORT's CPU EP and "
+             "HinaMoE's auto pick the kernels of such a CPU (Linux x86-64 with CPUID "
+             "faulting; see hinamoe/bench/cpu_mask.py)")
     sub = parser.add_subparsers(dest="command", metavar="<subcommand>")
     sub.required = True
     for name, modname in SUBCOMMANDS.items():
@@ -44,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.cpu_as:
+        if cpu_mask.active() != args.cpu_as:
+            cpu_mask.reexec(args.cpu_as, sys.argv[1:] if argv is None else list(argv))
+        print(cpu_mask.verify(args.cpu_as))
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:

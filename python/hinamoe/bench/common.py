@@ -50,15 +50,19 @@ def probe_bytes(bw_bytes_gib: float | None, l3: int) -> int:
 
 
 def cpu_name() -> str:
+    """The CPU's model name, with "(seen as avx2)" under hina-bench --cpu-as."""
+    from .cpu_mask import active
+
+    seen_as = f" (seen as {active()}: hina-bench --cpu-as)" if active() else ""
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+                return line.split(":", 1)[1].strip() + seen_as
     except OSError:
         pass
     import platform
 
-    return platform.processor() or platform.machine()
+    return (platform.processor() or platform.machine()) + seen_as
 
 
 def hinamoe_tier(isa: str = "auto") -> str | None:

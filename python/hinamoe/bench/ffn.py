@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
+from . import cpu_mask
 from .common import (MachineProbes, cpu_name, csv, fma_bits_for_tier, hinamoe_tier, l3_bytes, make_session,
                      probe_bytes, rewarm)
 
@@ -494,8 +495,8 @@ def run(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
         meta = dict(
             command="hina-bench ffn", argv=sys.argv[1:], time=time.strftime("%Y-%m-%d %H:%M:%S"),
-            cpu=cpu_name(), cores=cores, l3_bytes=l3, onnxruntime=ort.__version__,
-            hinamoe=__version__,
+            cpu=cpu_name(), cpu_as=cpu_mask.active(), cores=cores, l3_bytes=l3,
+            onnxruntime=ort.__version__, hinamoe=__version__,
             tier=tier, isa=args.isa, numa_sim=args.numa_sim,
             **probes.meta(), repeats=repeats, seed=args.seed,
             layers=layers, elapsed_s=elapsed,

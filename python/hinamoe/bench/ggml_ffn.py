@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import cpu_mask
 from .common import rewarm, wait_until_quiet
 from .ggml_lib import HOW_TO_GET, STATUS_SUCCESS, TYPE_F32, TYPES, Ggml, GgmlUnavailable, InitParams, load
 
@@ -43,6 +44,11 @@ def open_ggml(args) -> tuple[Ggml | None, str]:
         g = load(getattr(args, "ggml_lib", None))
     except GgmlUnavailable as exc:
         return None, f"ggml column: not run: {exc}.\n  To get it, {HOW_TO_GET}"
+    if cpu_mask.active() == "avx2" and any(f.startswith("avx512") for f in g.cpu_features):
+        # Compiled for AVX-512 (GGML_NATIVE=ON): the mask cannot take it away.
+        return None, (f"ggml column: not run: --cpu-as avx2, but {g.describe()}.\n"
+                      "  Give --ggml-lib a build made with -DGGML_NATIVE=OFF -DGGML_AVX2=ON "
+                      "-DGGML_AVX512=OFF, or a build with -DGGML_CPU_ALL_VARIANTS=ON.")
     return g, f"ggml: {g.describe()}"
 
 
