@@ -1,5 +1,5 @@
 // The AVX2 tier's int8-token kernels on AVX-VNNI (vpdpbusd on ymm, VEX
-// encoded: Zen 4 and later, Alder Lake and later, Sapphire Rapids): the body
+// encoded: Alder Lake, Sapphire Rapids and later, Zen 5): the body
 // of qgemm_i8_avx2.inc with one vpdpbusd per 32 codes and token, where
 // vpmaddubsw + vpmaddwd + vpaddd take three. u8 x s8 products sum in int32,
 // so 8-bit codes enter raw (no sign trick) and their zero point 128 joins

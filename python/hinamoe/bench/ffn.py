@@ -100,7 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=csv(int), default=None, metavar="T,...",
                    help="intra_op_num_threads values (default: 1,2)")
     g.add_argument("--isa", default="auto",
-                   help="HinaMoE kernel tier: auto, avx512, avx2, ref, ... (default: auto)")
+                   help="HinaMoE kernel tier: auto, avx512, avx2, ref, ... (default: auto). "
+                        "The CPU EP keeps the best instruction set of the CPU; to compare "
+                        "avx2 with the CPU EP on AVX2, run 'hina-bench --cpu-as avx2 ffn'")
     g.add_argument("--numa-sim", type=int, default=0, metavar="N", choices=[0, 2, 4, 8],
                    help="run HinaMoE under a simulated N-node topology (provider option "
                         "numa=fake:N; 2, 4 or 8): shows what the NUMA partitioning costs on "
