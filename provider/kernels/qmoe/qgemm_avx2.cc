@@ -358,7 +358,7 @@ void qgemm_many(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_
   }
 }
 
-// Row blocks (kRowBlock), in each every token tile of up to 3.
+// Row blocks (kRowBlock), in each every token tile of up to 3 (4 in micro_fq_b32).
 template <int BITS, DType SDT, bool ZP>
 HQ_FN void qgemm_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
              int64_t ldy) {
@@ -378,15 +378,20 @@ HQ_FN void qgemm_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int
   }
   for (int64_t r0 = n0; r0 < n1; r0 += kRowBlock) {
     const int64_t r1 = std::min(n1, r0 + kRowBlock);
-    for (int64_t m = 0; m < M; m += 3) {
-      const int64_t T = std::min<int64_t>(3, M - m);
+    for (int64_t m = 0, T; m < M; m += T) {
+      // micro_fq_b32 takes 4 tokens x 2 rows from 4 tokens on: a row's codes
+      // are converted once per 4 tokens, not for 3 and again for the rest.
+      T = !xs.empty() && M - m >= 4 ? 4 : std::min<int64_t>(3, M - m);
       const float* x = X + m * ldx;
       float* y = Y + m * ldy;
       int64_t n = r0;
       if constexpr (!ZP) {
         if (!xs.empty()) {
           const float* s = xs.data() + m * w.nb;
-          if (T == 1) {
+          if (T == 4) {
+            for (; n + 2 <= r1; n += 2) micro_fq_b32<BITS, 2, 4, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
+            for (; n < r1; ++n) micro_fq_b32<BITS, 1, 4, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
+          } else if (T == 1) {
             for (; n + 4 <= r1; n += 4) micro_fq_b32<BITS, 4, 1, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
             for (; n < r1; ++n) micro_fq_b32<BITS, 1, 1, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
           } else if (T == 2) {
