@@ -17,8 +17,12 @@ import pytest
 
 from hinamoe.bench import cpu_mask
 
-pytestmark = pytest.mark.skipif(bool(cpu_mask.unavailable_reason()),
-                                reason=cpu_mask.unavailable_reason() or "available")
+pytestmark = pytest.mark.skipif(bool(cpu_mask.host_reason()),
+                                reason=cpu_mask.host_reason() or "available")
+
+
+def test_the_mask_library_is_installed():
+    assert cpu_mask.unavailable_reason() == ""
 
 # Runs CPUID(leaf 7, sub 0) and CPUID(1) in the main thread and in a fresh
 # thread; prints [[ebx7, ecx7, edx7, ecx1], ...] for both as JSON.
@@ -131,3 +135,14 @@ def test_hina_bench_cpu_as_runs_the_avx2_tier(tmp_path):
     assert "seen as avx2" in res["meta"]["cpu"]
     eps = {p["ep"] for p in res["points"]}
     assert {"HinaMoE", "CPU"} <= eps
+
+
+def test_a_lost_preload_is_an_error_not_a_loop():
+    """A re-executed process whose LD_PRELOAD lost the mask stops with a
+    message instead of re-executing itself forever."""
+    env = _env(None)
+    env[cpu_mask.ENV] = "avx2"
+    r = subprocess.run([sys.executable, "-m", "hinamoe.bench", "--cpu-as", "avx2", "ffn", "--list-models"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "not in LD_PRELOAD after re-executing" in r.stderr

@@ -33,15 +33,11 @@ def active() -> str | None:
     return level if level in LEVELS and LIBRARY in os.environ.get("LD_PRELOAD", "") else None
 
 
-def unavailable_reason() -> str:
-    """Why --cpu-as cannot work here; "" when it can."""
+def host_reason() -> str:
+    """Why this host cannot hide CPUID bits (the OS, the CPU or its
+    hypervisor); "" when it can."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"--cpu-as needs Linux on x86-64 (this is {sys.platform} on {platform.machine()})"
-    lib = library_path()
-    if not lib.is_file():
-        return f"--cpu-as: {lib} is missing (reinstall hinamoe)"
-    if any(c in str(lib) for c in " :"):
-        return f"--cpu-as: LD_PRELOAD cannot name {lib} (a space or colon in the path)"
     try:
         flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "")
     except OSError:
@@ -52,12 +48,28 @@ def unavailable_reason() -> str:
     return ""
 
 
+def unavailable_reason() -> str:
+    """Why --cpu-as cannot work here; "" when it can."""
+    why = host_reason()
+    if why:
+        return why
+    lib = library_path()
+    if not lib.is_file():
+        return f"--cpu-as: {lib} is missing (reinstall hinamoe)"
+    if any(c in str(lib) for c in " :"):
+        return f"--cpu-as: LD_PRELOAD cannot name {lib} (a space or colon in the path)"
+    return ""
+
+
 def reexec(level: str, argv: list[str]) -> None:
     """Replace this process by ``python -m hinamoe.bench <argv>`` under the
     mask; raises SystemExit with the reason when that is not possible."""
     why = unavailable_reason()
     if why:
         raise SystemExit(f"hina-bench: {why}")
+    if os.environ.get(ENV) == level:  # already re-executed once: the preload did not stay
+        raise SystemExit(f"hina-bench --cpu-as {level}: {LIBRARY} is not in LD_PRELOAD after "
+                         "re-executing; something removed it")
     env = dict(os.environ)
     env[ENV] = level
     env["LD_PRELOAD"] = " ".join(p for p in (str(library_path()), env.get("LD_PRELOAD", "")) if p)
