@@ -384,36 +384,17 @@ HQ_FN void qgemm_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int
       T = !xs.empty() && M - m >= 4 ? 4 : std::min<int64_t>(3, M - m);
       const float* x = X + m * ldx;
       float* y = Y + m * ldy;
-      int64_t n = r0;
-      if constexpr (!ZP) {
+      if constexpr (!ZP)
         if (!xs.empty()) {
           const float* s = xs.data() + m * w.nb;
-          if (T == 4) {
-            for (; n + 2 <= r1; n += 2) micro_fq_b32<BITS, 2, 4, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
-            for (; n < r1; ++n) micro_fq_b32<BITS, 1, 4, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
-          } else if (T == 1) {
-            for (; n + 4 <= r1; n += 4) micro_fq_b32<BITS, 4, 1, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
-            for (; n < r1; ++n) micro_fq_b32<BITS, 1, 1, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
-          } else if (T == 2) {
-            for (; n + 3 <= r1; n += 3) micro_fq_b32<BITS, 3, 2, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
-            for (; n < r1; ++n) micro_fq_b32<BITS, 1, 2, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
-          } else {
-            for (; n + 2 <= r1; n += 2) micro_fq_b32<BITS, 2, 3, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
-            for (; n < r1; ++n) micro_fq_b32<BITS, 1, 3, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
-          }
+          tile_rows<4>(T, r0, r1, [&](auto r, auto t, int64_t n) {
+            micro_fq_b32<BITS, decltype(r)::value, decltype(t)::value, SDT>(w, n, x, ldx, s, y + (n - n0), ldy);
+          });
           continue;
         }
-      }
-      if (T == 1) {
-        for (; n + 4 <= r1; n += 4) micro_float<BITS, 4, 1, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
-        for (; n < r1; ++n) micro_float<BITS, 1, 1, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
-      } else if (T == 2) {
-        for (; n + 3 <= r1; n += 3) micro_float<BITS, 3, 2, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
-        for (; n < r1; ++n) micro_float<BITS, 1, 2, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
-      } else {
-        for (; n + 2 <= r1; n += 2) micro_float<BITS, 2, 3, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
-        for (; n < r1; ++n) micro_float<BITS, 1, 3, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
-      }
+      tile_rows<3>(T, r0, r1, [&](auto r, auto t, int64_t n) {
+        micro_float<BITS, decltype(r)::value, decltype(t)::value, SDT, ZP>(w, n, x, ldx, y + (n - n0), ldy);
+      });
     }
   }
 }

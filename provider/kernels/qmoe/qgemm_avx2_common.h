@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "qmoe_ffn.h"
 
@@ -42,10 +43,31 @@ inline int64_t prefetch_ahead(int64_t rb, int R) {
 }
 
 // Rows are handled in blocks of kRowBlock: within a block every token tile
-// (up to 3 tokens, rows as many as the registers allow: 4, 3 or 2) runs, so
-// the block's rows come from memory once and stay in L1 for the later token
-// tiles instead of streaming the whole row range once per token tile.
+// (up to 3 tokens, or 4 where a kernel takes them; rows as many as the
+// registers allow: 4, 3, 2 or 2) runs, so the block's rows come from memory
+// once and stay in L1 for the later token tiles instead of streaming the
+// whole row range once per token tile.
 constexpr int64_t kRowBlock = 12;  // a multiple of 4, 3 and 2
+
+// Runs a token tile of T tokens (1..kMaxT) over the rows [n, r1): micro-tiles
+// of the rows the registers allow for T, the rest one row at a time, as
+// micro(std::integral_constant<int, R>, std::integral_constant<int, T>, n).
+template <int kMaxT, class Micro>
+inline void tile_rows(int64_t T, int64_t n, int64_t r1, Micro&& micro) {
+  auto rows = [&](auto r, auto t) {
+    for (; n + decltype(r)::value <= r1; n += decltype(r)::value) micro(r, t, n);
+    for (; n < r1; ++n) micro(std::integral_constant<int, 1>{}, t, n);
+  };
+  using I1 = std::integral_constant<int, 1>;
+  using I2 = std::integral_constant<int, 2>;
+  using I3 = std::integral_constant<int, 3>;
+  using I4 = std::integral_constant<int, 4>;
+  if (T == 1) return rows(I4{}, I1{});
+  if (T == 2) return rows(I3{}, I2{});
+  if constexpr (kMaxT >= 4)
+    if (T == 4) return rows(I2{}, I4{});
+  rows(I2{}, I3{});
+}
 
 HQ_INLINE float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
