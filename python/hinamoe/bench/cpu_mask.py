@@ -21,6 +21,7 @@ from pathlib import Path
 LEVELS = ("avx2", "avx512")
 ENV = "HINAMOE_CPUID_MASK"
 LIBRARY = "libhinamoe_cpuid_mask.so"
+_SYS_ARCH_PRCTL, _ARCH_GET_CPUID = 158, 0x1011  # x86-64 syscall number, <asm/prctl.h>
 
 
 def library_path() -> Path:
@@ -45,6 +46,12 @@ def host_reason() -> str:
     if "cpuid_fault" not in flags.split():
         return ("--cpu-as needs CPUID faulting, and /proc/cpuinfo lacks the cpuid_fault flag "
                 "(the CPU, or its hypervisor, does not offer it)")
+    # A seccomp filter (some containers) may refuse arch_prctl itself.
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_GET_CPUID, 0) < 0:
+        return f"--cpu-as: arch_prctl(ARCH_GET_CPUID) failed: {os.strerror(ctypes.get_errno())}"
     return ""
 
 
