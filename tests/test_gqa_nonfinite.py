@@ -38,6 +38,8 @@ def _case(name, dtype, rng):
         cfg = GQAConfig(num_heads=8, **kw)
         step, past = _decode(cfg, rng)
         past.key[0, 0, 2, 3] = np.inf
+        q3 = step.query[0, 0, 3::16]  # random signs, but at least one head of each kind
+        q3[0], q3[1] = abs(q3[0]) + 0.25, -abs(q3[1]) - 0.25
     elif name == "nan_key_multi_token":  # a continued prompt: S = 3 rows per head
         cfg = GQAConfig(num_heads=4, **kw)
         step, past = _decode(cfg, rng, past_len=6, new=3)
