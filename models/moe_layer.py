@@ -238,10 +238,23 @@ def random_input(cfg: MoEConfig, num_tokens: int, rng: np.random.Generator,
 
 def random_logits(cfg: MoEConfig, num_tokens: int, rng: np.random.Generator,
                   scale: float = 2.0) -> np.ndarray:
+    """Router logits ``[T, E]`` in the router's dtype. float32 / float64
+    rows are redrawn until no two logits are within 1e-5 x scale of each
+    other: a near-tie of a few ulps may order differently by logit and by
+    float32 softmax probability, so two correct implementations (or a
+    kernel and a float64 reference) could pick different experts. Exact
+    ties of narrower floats are kept: every side breaks them by index."""
     dt = np_dtype(cfg.router_dtype or cfg.dtype)
     if dt.kind in "iu":
         return rng.integers(-3, 4, size=(num_tokens, cfg.experts)).astype(dt)
-    return (rng.standard_normal((num_tokens, cfg.experts)) * scale).astype(dt)
+    lg = (rng.standard_normal((num_tokens, cfg.experts)) * scale).astype(dt)
+    if dt in (np.float32, np.float64) and cfg.experts > 1:
+        while True:
+            close = (np.diff(np.sort(lg.astype(np.float64), axis=1), axis=1) < 1e-5 * scale).any(axis=1)
+            if not close.any():
+                break
+            lg[close] = (rng.standard_normal((int(close.sum()), cfg.experts)) * scale).astype(dt)
+    return lg
 
 
 # ---------------------------------------------------------------- graph

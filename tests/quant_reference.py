@@ -93,19 +93,26 @@ def qmoe_reference(x: np.ndarray, logits: np.ndarray, node: ir.Node) -> np.ndarr
                          normalize_routing_weights=normalize)
 
 
-def int8_rounded(x: np.ndarray, block_size: int) -> np.ndarray:
+def int8_rounded(x: np.ndarray, block_size: int, margins: list | None = None) -> np.ndarray:
     """Activations as MLAS' int8 kernels see them: per block of `block_size`
-    along the last axis, scale = max|x| / 127, values rounded to that grid."""
+    along the last axis, scale = max|x| / 127, values rounded to that grid.
+    ``margins`` gets the smallest distance (in codes) of a value from a
+    rounding boundary: below ~1e-4 a float32 kernel may round it the other way."""
     blocks = np.asarray(x, np.float64).reshape(*np.shape(x)[:-1], -1, block_size)
     scale = np.abs(blocks).max(axis=-1, keepdims=True) / 127
     scale = np.where(scale > 0, scale, 1.0)
+    if margins is not None:
+        v = blocks / scale
+        margins.append(float(np.abs(np.abs(v - np.floor(v)) - 0.5).min()))
     return (np.rint(blocks / scale) * scale).reshape(np.shape(x))
 
 
-def qmoe_reference_int8_activations(x: np.ndarray, logits: np.ndarray, node: ir.Node) -> np.ndarray:
+def qmoe_reference_int8_activations(x: np.ndarray, logits: np.ndarray, node: ir.Node,
+                                    margins: list | None = None) -> np.ndarray:
     """qmoe_reference with the tokens (fc1's input) and the SwiGLU output
     (fc2's input) rounded by int8_rounded: ORT's CPU QMoE on block-wise
-    int8 experts by default. Renormalised routing, interleaved SwiGLU only."""
+    int8 experts by default. Renormalised routing, interleaved SwiGLU only.
+    ``margins`` collects int8_rounded's distances from rounding boundaries."""
     assert _attr(node, "activation_type") == "swiglu" and _attr(node, "swiglu_fusion") == 1
     assert not _router_weights_is_softmax(node)
     w, a = qmoe_weights(node), _moe_attributes(node)
@@ -116,14 +123,14 @@ def qmoe_reference_int8_activations(x: np.ndarray, logits: np.ndarray, node: ir.
     for t in range(xs.shape[0]):
         for j in range(a["k"]):
             e = top[t, j]
-            h = int8_rounded(xs[t], block) @ w["fc1"][e].T
+            h = int8_rounded(xs[t], block, margins) @ w["fc1"][e].T
             if w["fc1_bias"] is not None:
                 h = h + w["fc1_bias"][e]
             act = gated_activate(h[0::2], h[1::2], "swiglu",
                                  1.0 if a["activation_alpha"] is None else a["activation_alpha"],
                                  0.0 if a["activation_beta"] is None else a["activation_beta"],
                                  a["swiglu_limit"], 0)
-            y = int8_rounded(act, block) @ w["fc2"][e].T
+            y = int8_rounded(act, block, margins) @ w["fc2"][e].T
             if w["fc2_bias"] is not None:
                 y = y + w["fc2_bias"][e]
             out[t] += weights[t, j] * y

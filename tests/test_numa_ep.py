@@ -67,7 +67,7 @@ def test_unknown_numa_option_fails_session_creation():
 
 
 @pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl is not installed")
-def test_run_under_numactl_interleave(tmp_path):
+def test_run_under_numactl_interleave(tmp_path, seed):
     """The weights are page-interleaved by numactl; the EP reads the real
     topology (one node here) and gives the reference result."""
     script = tmp_path / "run.py"
@@ -92,7 +92,6 @@ def test_run_under_numactl_interleave(tmp_path):
         print("nodes", hinamoe.numa_nodes("auto"))
     """))
     tests_dir = str(__import__("pathlib").Path(__file__).parent)
-    seed = int(np.random.default_rng().integers(1 << 31))
     proc = subprocess.run(["numactl", "--interleave=all", sys.executable, str(script), tests_dir, str(seed)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
