@@ -213,8 +213,8 @@ inline void micro_float(const QWeight& w, int64_t n, const float* X, int64_t ldx
 // buffer in the tokens' order, and every weight is broadcast against 8
 // tokens a vector into R x V accumulators: 68% of the FMA rate at 16
 // tokens, 51% at 12; streaming from DRAM on two threads (hinamoe_qmoe_bench,
-// Qwen3-30B-A3B / gpt-oss-20b) 15-37% less time at 16 tokens, no clear
-// change at 12, hence from 16 on.
+// Qwen3-30B-A3B / gpt-oss-20b) 15-37% less time at 16 tokens; at 6-12
+// tokens 1.2-1.85x as long as the tiles, hence from 16 on.
 #ifndef HINAMOE_QAVX2_MANY
 #define HINAMOE_QAVX2_MANY 16
 #endif
