@@ -63,3 +63,4 @@ from .qmoe_layer import (  # noqa: F401,E402
     pack_zero_points,
     qmoe_feeds,
 )
+from .matmul_nbits_layer import MatMulNBitsConfig, build_matmul_nbits_model, pack_codes  # noqa: F401,E402

@@ -1,5 +1,5 @@
-"""Provider option ``strict`` (env HINAMOE_STRICT): with strict=1 a MoE or
-GroupQueryAttention node HinaMoE does not run fails session creation with
+"""Provider option ``strict`` (env HINAMOE_STRICT): with strict=1 a MoE,
+MatMulNBits or GroupQueryAttention node HinaMoE does not run fails session creation with
 the node and the reason, even where the CPU EP fallback is allowed; with
 strict=0 (the default) the node goes to the CPU EP. Supported nodes run on
 HinaMoE either way."""
@@ -11,8 +11,8 @@ import pytest
 
 from conftest import cpu_session, error_text, hina_session
 from gqa_cases import check_close
-from hinamoe.models import (GQAConfig, KVCache, MoEConfig, build_gqa_model, build_moe_model, random_input,
-                            random_logits, random_step, run_gqa, run_moe)
+from hinamoe.models import (GQAConfig, KVCache, MatMulNBitsConfig, MoEConfig, build_gqa_model, build_matmul_nbits_model,
+                            build_moe_model, random_input, random_logits, random_step, run_gqa, run_moe)
 from moe_reference import reference_for
 
 
@@ -20,10 +20,12 @@ def _unsupported_models(rng):
     moe, _ = build_moe_model(MoEConfig(hidden=32, inter=16, experts=8, k=2, activation="relu", use_sparse_mixer=1),
                              rng=rng)
     gqa = build_gqa_model(GQAConfig(num_heads=4, kv_num_heads=2, head_dim=64, extra_attrs={"causal": 0}))
-    return {"MoE": (moe, "use_sparse_mixer=1"), "GroupQueryAttention": (gqa, "causal=0")}
+    mmnb, _ = build_matmul_nbits_model(MatMulNBitsConfig(K=64, N=16, bits=2), rng)
+    return {"MoE": (moe, "use_sparse_mixer=1"), "GroupQueryAttention": (gqa, "causal=0"),
+            "MatMulNBits": (mmnb, "bits=2")}
 
 
-@pytest.mark.parametrize("op", ["MoE", "GroupQueryAttention"])
+@pytest.mark.parametrize("op", ["MoE", "GroupQueryAttention", "MatMulNBits"])
 def test_strict_refuses_fallback(op, rng):
     model, reason = _unsupported_models(rng)[op]
     name = model.graph.node[0].name

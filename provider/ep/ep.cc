@@ -5,6 +5,7 @@
 
 #include "ep_factory.h"
 #include "gqa_support.h"
+#include "matmul_nbits_support.h"
 #include "moe_support.h"
 #include "qmoe_support.h"
 
@@ -124,6 +125,8 @@ OrtStatus* ORT_API_CALL HinaEp::GetCapabilityImpl(OrtEp* this_ptr, const OrtGrap
       why_not = qmoe_unsupported_reason(node);
     } else if (node.GetOperatorType() == "GroupQueryAttention") {
       why_not = gqa_unsupported_reason(node);
+    } else if (node.GetOperatorType() == "MatMulNBits") {
+      why_not = matmul_nbits_unsupported_reason(node);
     } else {
       continue;
     }

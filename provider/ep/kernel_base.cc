@@ -7,6 +7,14 @@
 
 namespace hinamoe_ep {
 
+hinamoe::DType to_dtype(ONNXTensorElementDataType t) {
+  switch (t) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return hinamoe::DType::F16;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return hinamoe::DType::BF16;
+    default: return hinamoe::DType::F32;
+  }
+}
+
 std::string shape_str(const std::vector<int64_t>& s) {
   std::ostringstream os;
   os << "[";

@@ -7,10 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "kernels/dtype.h"
 #include "kernels/parallel.h"
 #include "ort_api.h"
 
 namespace hinamoe_ep {
+
+// T of a float tensor (float16, bfloat16; anything else as float32).
+hinamoe::DType to_dtype(ONNXTensorElementDataType t);
 
 // "[2, 3, 4]", for error messages.
 std::string shape_str(const std::vector<int64_t>& s);

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "gqa_kernel.h"
+#include "matmul_nbits_kernel.h"
 #include "moe_kernel.h"
 #include "qmoe_kernel.h"
 
@@ -61,6 +62,18 @@ OrtStatus* create_kernel_registry(const char* ep_name, OrtKernelRegistry** out) 
                                .AddTypeConstraint("M", tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32))
                                .Build();
   Ort::ThrowOnError(registry.AddKernel(gqa_def, create_gqa_kernel, nullptr));
+
+  // com.microsoft::MatMulNBits, T1 in {float, float16, bfloat16}, B uint8
+  // (zero points and g_idx are checked by GetCapability).
+  Ort::KernelDef mmnb_def = Ort::KernelDefBuilder()
+                                .SetOperatorType("MatMulNBits")
+                                .SetDomain("com.microsoft")
+                                .SetSinceVersion(1, 1)
+                                .SetExecutionProvider(ep_name)
+                                .AddTypeConstraint("T1", moe_types)
+                                .AddTypeConstraint("T2", tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8))
+                                .Build();
+  Ort::ThrowOnError(registry.AddKernel(mmnb_def, create_matmul_nbits_kernel, nullptr));
 
   *out = registry.release();
   return nullptr;

@@ -17,14 +17,6 @@ const char* const kInputNames[] = {"input",          "router_probs",        "fc1
                                    "fc1_experts_bias", "fc2_experts_weights", "fc2_experts_bias",
                                    "fc3_experts_weights", "fc3_experts_bias"};
 
-hinamoe::DType to_dtype(ONNXTensorElementDataType t) {
-  switch (t) {
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return hinamoe::DType::F16;
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return hinamoe::DType::BF16;
-    default: return hinamoe::DType::F32;
-  }
-}
-
 struct MoEKernel : KernelBase<MoEKernel> {
   hinamoe::MoEAttrs attrs;
   const hinamoe::KernelTier* tier = nullptr;

@@ -19,14 +19,6 @@ const char* const kInputNames[kInputs] = {
     "fc2_experts_weights", "fc2_scales", "fc2_experts_bias",    "fc3_experts_weights", "fc3_scales",
     "fc3_experts_bias", "fc1_zero_points", "fc2_zero_points",   "fc3_zero_points",  "router_weights"};
 
-hinamoe::DType to_dtype(ONNXTensorElementDataType t) {
-  switch (t) {
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return hinamoe::DType::F16;
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return hinamoe::DType::BF16;
-    default: return hinamoe::DType::F32;
-  }
-}
-
 struct QMoEKernel : KernelBase<QMoEKernel> {
   hinamoe::QMoEAttrs attrs;
   const hinamoe::KernelTier* tier = nullptr;

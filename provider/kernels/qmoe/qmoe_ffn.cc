@@ -19,6 +19,7 @@
 #include "../moe_work.h"
 #include "../scratch.h"
 #include "qmoe_routing.h"
+#include "qoperand.h"
 
 namespace hinamoe {
 namespace {
@@ -45,141 +46,6 @@ QWeight expert_weight(const uint8_t* codes, const void* scales, const uint8_t* z
     w.zero_points = zp + e * per_expert;
   }
   return w;
-}
-
-// Symmetric int8 per block of `block` (max |x| -> 127), codes at pos[k]
-// (the kernel's order, token_pos; null: k order); rows [p0, p1) of x [*, ldx]
-// into the QTokens buffers. The last of the nb blocks ends at K (a partial
-// block when block does not divide K). Written so the compiler vectorises
-// it (prefill-sized batches quantise ~10^5 elements per call): max |x| and
-// the non-finite test on the bit patterns (unsigned max and or, which
-// vectorise without fast-math), codes into a k-order row, then placed.
-// Rounding to nearest even by the 1.5 * 2^23 trick (|x * inv| <= 127),
-// which is what nearbyint gives in the default rounding mode.
-void quantize_rows(const float* x, int64_t ldx, int64_t K, int64_t block, const int32_t* pos, int64_t p0,
-                   int64_t p1, int8_t* q, float* scale, int32_t* sum, int64_t ldq, int64_t nb) {
-  constexpr float kRound = 12582912.0f;
-  std::vector<int8_t> row(pos ? size_t(K) : 0);
-  for (int64_t p = p0; p < p1; ++p) {
-    const float* xr = x + p * ldx;
-    int8_t* qr = q + p * ldq;
-    int8_t* codes = pos ? row.data() : qr;
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t kb = b * block, ke = std::min(K, kb + block);
-      uint32_t mx = 0, nonfinite = 0;
-      for (int64_t k = kb; k < ke; ++k) {
-        const uint32_t u = f32_to_bits(xr[k]) & 0x7fffffffu;
-        mx = u > mx ? u : mx;
-        nonfinite |= u >= 0x7f800000u ? 1u : 0u;
-      }
-      const float amax = bits_to_f32(mx);
-      // A NaN/Inf token block gets codes 0 and scale NaN, so its outputs are
-      // NaN (as the float path gives), not a finite value from dropped codes.
-      const bool finite = nonfinite == 0;
-      const float s = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-      // Blocks under 1e-30 (127 / amax would overflow near denormals) get codes 0.
-      const float inv = finite && amax >= 1e-30f ? 127.0f / amax : 0.0f;
-      int32_t total = 0;
-      if (!finite) {
-        std::fill(codes + kb, codes + ke, int8_t(0));
-      } else {
-        for (int64_t k = kb; k < ke; ++k) {
-          float r = (xr[k] * inv + kRound) - kRound;
-          r = r > 127.0f ? 127.0f : r;  // |x * inv| <= 127 up to rounding
-          r = r < -127.0f ? -127.0f : r;
-          const int v = int(r);
-          codes[k] = int8_t(v);
-          total += v;
-        }
-      }
-      scale[p * nb + b] = s;
-      sum[p * nb + b] = total;
-    }
-    if (pos)
-      for (int64_t k = 0; k < K; ++k) qr[pos[k]] = codes[k];
-  }
-}
-
-// Per-route buffers of one operand (fc1/fc3 input or fc2 input).
-struct Operand {
-  AlignedVector<float> x;   // [R, ld] float rows
-  int64_t ld = 0, K = 0, block = 0, nb = 1;
-  AlignedVector<int8_t> q;  // [R, ldq] int8 codes (int8 kernels)
-  std::vector<int32_t> qpos;  // where code k goes (empty: k order)
-  int64_t ldq = 0;          // a multiple of 64: rows on cache lines
-  std::vector<float> qscale;
-  std::vector<int32_t> qsum;
-  bool int8 = false;
-  bool zero_points = false;                 // the orders are those for weights with zero points
-  TokenOrder order = TokenOrder::KOrder;    // of the int8 codes
-  TokenOrder x_order = TokenOrder::KOrder;  // of the float rows
-  std::vector<int32_t> xpos;                // where element k of a float row goes (empty: k order)
-
-  // The orders come from the tier's kernels for this operand's weights
-  // (int8 operands quantise x from k order). Buffers may come from an
-  // earlier call (Scratch): everything is set again here.
-  void init(const QuantKernels& qk, int bits, int64_t R, int64_t K_, int64_t nb_, int64_t block_size, bool int8_,
-            bool zero_points_) {
-    xpos.clear();
-    qpos.clear();
-    K = K_;
-    nb = nb_;
-    block = nb == 1 ? K : block_size;
-    ld = padded_ld(K);
-    ldq = (K + 63) / 64 * 64 + (K % 4096 == 0 ? 64 : 0);  // off 4 KiB multiples, as padded_ld
-    int8 = int8_;
-    zero_points = zero_points_;
-    order = int8 ? qk.i8_order(bits, block, K, zero_points_) : TokenOrder::KOrder;
-    x_order = int8 ? TokenOrder::KOrder : qk.f_order(bits, block, K, zero_points_);
-    if (x_order != TokenOrder::KOrder)
-      for (int64_t k = 0; k < K; ++k) xpos.push_back(int32_t(token_pos(x_order, k, K)));
-    x.assign(size_t(R * ld), 0.0f);
-    if (int8) {
-      if (order != TokenOrder::KOrder)
-        for (int64_t k = 0; k < K; ++k) qpos.push_back(int32_t(token_pos(order, k, K)));
-      q.assign(size_t(R * ldq), 0);
-      qscale.assign(size_t(R * nb), 0.0f);
-      qsum.assign(size_t(R * nb), 0);
-    }
-  }
-  int64_t pos(int64_t k) const { return xpos.empty() ? k : xpos[size_t(k)]; }
-  friend size_t heap_bytes(const Operand& o) {
-    return heap_bytes(o.x) + heap_bytes(o.q) + heap_bytes(o.qpos) + heap_bytes(o.qscale) + heap_bytes(o.qsum) +
-           heap_bytes(o.xpos);
-  }
-  // The int8 codes of rows [p0, p1) after x is written.
-  void finish(int64_t p0, int64_t p1) {
-    if (int8)
-      quantize_rows(x.data(), ld, K, block, qpos.empty() ? nullptr : qpos.data(), p0, p1, q.data(), qscale.data(),
-                    qsum.data(), ldq, nb);
-  }
-  QTokens tokens(int64_t p0) const {
-    QTokens t;
-    t.q = q.data() + p0 * ldq;
-    t.scale = qscale.data() + p0 * nb;
-    t.sum = qsum.data() + p0 * nb;
-    t.ld = ldq;
-    t.nb = nb;
-    t.block = block;
-    t.order = order;
-    return t;
-  }
-};
-
-// One GEMM of rows [n0, n1) of w, columns [k0, k1) (default: all), for the
-// M routes starting at p0.
-void run_gemm(const QuantKernels& qk, const QWeight& w, const Operand& op, int64_t p0, int64_t M, int64_t n0,
-              int64_t n1, float* Y, int64_t ldy, int64_t k0 = 0, int64_t k1 = -1) {
-  const int bi = w.bits == 8 ? 1 : 0;
-  if (k1 < 0) k1 = w.K;
-  const bool whole = k0 == 0 && k1 == w.K;
-  const QWeight v = whole ? w : w.slice(k0, k1);
-  if (op.int8) {
-    const QTokens x = op.tokens(p0);
-    qk.gemm_i8[bi](v, n0, n1, whole ? x : x.slice(k0, k1 - k0), M, Y, ldy);
-  } else {
-    qk.gemm[bi](v, n0, n1, op.x.data() + p0 * op.ld + k0, op.ld, M, Y, ldy);
-  }
 }
 
 // Where the NUMA path may cut w's rows (elements) for operand op: at

@@ -1,0 +1,95 @@
+// The token side of a quantised GEMM: rows of float tokens in the order a
+// tier's kernel reads them (token_pos), plus their int8 codes per weight
+// block for the int8-token kernels (accuracy_level 4). Shared by the QMoE
+// driver (one operand per projection input) and MatMulNBits.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "../aligned_buffer.h"
+#include "../moe_work.h"
+#include "../scratch.h"
+#include "qmoe_ffn.h"
+
+namespace hinamoe {
+namespace detail {
+
+// Symmetric int8 per block (max |x| -> 127) of rows [p0, p1) of x [*, ldx]
+// into the QTokens buffers (quantize_rows in qoperand.cc).
+void quantize_rows(const float* x, int64_t ldx, int64_t K, int64_t block, const int32_t* pos, int64_t p0,
+                   int64_t p1, int8_t* q, float* scale, int32_t* sum, int64_t ldq, int64_t nb);
+
+// The rows of one GEMM operand (a QMoE projection input, a MatMulNBits A).
+struct Operand {
+  AlignedVector<float> x;   // [R, ld] float rows
+  int64_t ld = 0, K = 0, block = 0, nb = 1;
+  AlignedVector<int8_t> q;  // [R, ldq] int8 codes (int8 kernels)
+  std::vector<int32_t> qpos;  // where code k goes (empty: k order)
+  int64_t ldq = 0;          // a multiple of 64: rows on cache lines
+  std::vector<float> qscale;
+  std::vector<int32_t> qsum;
+  bool int8 = false;
+  bool zero_points = false;                 // the orders are those for weights with zero points
+  TokenOrder order = TokenOrder::KOrder;    // of the int8 codes
+  TokenOrder x_order = TokenOrder::KOrder;  // of the float rows
+  std::vector<int32_t> xpos;                // where element k of a float row goes (empty: k order)
+
+  // The orders come from the tier's kernels for this operand's weights
+  // (int8 operands quantise x from k order). Buffers may come from an
+  // earlier call (Scratch): everything is set again here.
+  void init(const QuantKernels& qk, int bits, int64_t R, int64_t K_, int64_t nb_, int64_t block_size, bool int8_,
+            bool zero_points_) {
+    xpos.clear();
+    qpos.clear();
+    K = K_;
+    nb = nb_;
+    block = nb == 1 ? K : block_size;
+    ld = padded_ld(K);
+    ldq = (K + 63) / 64 * 64 + (K % 4096 == 0 ? 64 : 0);  // off 4 KiB multiples, as padded_ld
+    int8 = int8_;
+    zero_points = zero_points_;
+    order = int8 ? qk.i8_order(bits, block, K, zero_points_) : TokenOrder::KOrder;
+    x_order = int8 ? TokenOrder::KOrder : qk.f_order(bits, block, K, zero_points_);
+    if (x_order != TokenOrder::KOrder)
+      for (int64_t k = 0; k < K; ++k) xpos.push_back(int32_t(token_pos(x_order, k, K)));
+    x.assign(size_t(R * ld), 0.0f);
+    if (int8) {
+      if (order != TokenOrder::KOrder)
+        for (int64_t k = 0; k < K; ++k) qpos.push_back(int32_t(token_pos(order, k, K)));
+      q.assign(size_t(R * ldq), 0);
+      qscale.assign(size_t(R * nb), 0.0f);
+      qsum.assign(size_t(R * nb), 0);
+    }
+  }
+  int64_t pos(int64_t k) const { return xpos.empty() ? k : xpos[size_t(k)]; }
+  friend size_t heap_bytes(const Operand& o) {
+    return heap_bytes(o.x) + heap_bytes(o.q) + heap_bytes(o.qpos) + heap_bytes(o.qscale) + heap_bytes(o.qsum) +
+           heap_bytes(o.xpos);
+  }
+  // The int8 codes of rows [p0, p1) after x is written.
+  void finish(int64_t p0, int64_t p1) {
+    if (int8)
+      quantize_rows(x.data(), ld, K, block, qpos.empty() ? nullptr : qpos.data(), p0, p1, q.data(), qscale.data(),
+                    qsum.data(), ldq, nb);
+  }
+  QTokens tokens(int64_t p0) const {
+    QTokens t;
+    t.q = q.data() + p0 * ldq;
+    t.scale = qscale.data() + p0 * nb;
+    t.sum = qsum.data() + p0 * nb;
+    t.ld = ldq;
+    t.nb = nb;
+    t.block = block;
+    t.order = order;
+    return t;
+  }
+};
+
+// One GEMM of rows [n0, n1) of w, columns [k0, k1) (default: all), for the
+// M routes starting at p0.
+void run_gemm(const QuantKernels& qk, const QWeight& w, const Operand& op, int64_t p0, int64_t M, int64_t n0,
+              int64_t n1, float* Y, int64_t ldy, int64_t k0 = 0, int64_t k1 = -1);
+
+}  // namespace detail
+}  // namespace hinamoe
