@@ -13,8 +13,11 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 
+from conftest import hina_session
 from hinamoe.models.tiny_lm import (Generator, TinyLMConfig, build_tiny_lm, make_session, op_counts,
                                     placement, random_prompt, random_tiny_lm_weights)
 from moe_reference import TOLERANCES, moe_reference
@@ -190,7 +193,8 @@ def test_placement_from_profile(rng, tmp_path):
     """ORT's profile: MoE and GroupQueryAttention ran on HinaMoE, every
     other node on the CPU EP; the CPU EP session ran everything itself. The
     same model with HinaMoE's strict option creates (strict fails a MoE or
-    GQA node left to the CPU EP)."""
+    GQA node left to the CPU EP); with the CPU EP fallback disabled it
+    cannot (the other nodes need the CPU EP)."""
     cfg, model, _ = _model(rng)
     got = placement(model, cfg, "HinaMoE", threads=2, profile_dir=str(tmp_path))
     assert got.pop("MoE") == ["HinaMoE"]
@@ -201,6 +205,9 @@ def test_placement_from_profile(rng, tmp_path):
     assert not os.listdir(tmp_path), "profile files left behind"
     sess = make_session(model, "HinaMoE", threads=2, provider_options={"strict": "1"})
     assert sess.get_providers() == ["HinaMoE", "CPUExecutionProvider"]
+    # Without the CPU EP the other nodes have nowhere to run: no session.
+    with pytest.raises(Exception):
+        hina_session(model, no_fallback=True)
 
 
 def test_example_runs(tmp_path):
@@ -218,3 +225,25 @@ def test_example_runs(tmp_path):
         assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, line
     assert re.search(r"same tokens on both EPs: (yes|no)", out), out
     assert re.search(r"MoE: HinaMoE", out) and re.search(r"GroupQueryAttention: HinaMoE", out), out
+
+
+def test_save_load_and_cli(rng, tmp_path):
+    """A saved folder gives the same config and logits as the model in
+    memory; ``python -m hinamoe.models.tiny_lm OUT`` writes the seeded model."""
+    from hinamoe.models.tiny_lm import load_tiny_lm, main, save_tiny_lm
+
+    cfg, model, weights = _model(rng)
+    path, cfg2 = load_tiny_lm(save_tiny_lm(tmp_path / "m", cfg, model).parent)
+    assert cfg2 == cfg
+    seq = random_prompt(cfg, 7, rng)
+    got = [Generator(make_session(src, "HinaMoE", threads=2), cfg).forward(seq) for src in (model, path)]
+    np.testing.assert_allclose(got[1], got[0], rtol=1e-6, atol=1e-6 * float(np.abs(got[0]).max()))
+
+    assert main([str(tmp_path / "cli"), "--layers", "1", "--hidden", "64", "--experts", "4", "--vocab", "96",
+                 "--seed", "5"]) == 0
+    path, cli_cfg = load_tiny_lm(tmp_path / "cli")
+    assert (cli_cfg.layers, cli_cfg.hidden, cli_cfg.experts, cli_cfg.vocab) == (1, 64, 4, 96)
+    _, want = build_tiny_lm(cli_cfg, seed=5)
+    stored = {t.name: numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
+    for key, arr in want.items():
+        np.testing.assert_array_equal(stored[key], arr, err_msg=key)
