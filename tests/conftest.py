@@ -27,6 +27,13 @@ if str(TESTS_DIR) not in sys.path:
 # library, its models and its bench. A missing EP is a failure, never a skip.
 import hinamoe  # noqa: E402  (registers the EP)
 
+# The bf16 tile kernel (QMoE / MatMulNBits groups of >= 16 tokens on the amx
+# tiers) rounds weights and tokens to bf16. Tests that check float32
+# accuracy run with it off (also in their worker processes); the tile tests
+# (test_qmoe_tiles.py, test_matmul_nbits.py) turn it on by provider option.
+os.environ.setdefault("HINAMOE_BF16_TILES", "off")
+TILES_ON = {"bf16_tiles": "auto"}
+
 # ------------------------------------------------------------ seed
 
 
@@ -100,6 +107,14 @@ CPU_EP_F16_MOE_OK = _ort_version() >= (1, 32)
 def available_isas() -> list[str]:
     """Kernel tiers this CPU runs (amx-emu always: it is the emulator)."""
     return [isa for isa in ("ref", "avx2", "avx512", "amx", "amx-emu") if not hinamoe.tier_unavailable_reason(isa)]
+
+
+def tiles_in_effect(isa: str, tokens: int, accuracy_level: int | None = None) -> bool:
+    """Whether QMoE / MatMulNBits run a group of `tokens` tokens on the bf16
+    tile kernel (weights and tokens rounded to bf16): the amx tiers, from
+    16 tokens, where accuracy_level allows bf16 (absent, 0, 3, 4)."""
+    tier = hinamoe.best_tier() if isa == "auto" else isa
+    return tier in ("amx", "amx-emu") and tokens >= 16 and (accuracy_level or 0) not in (1, 2)
 
 
 def require_isa(isa: str) -> None:

@@ -10,27 +10,37 @@ from __future__ import annotations
 
 import threading
 
+import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import cpu_session, error_text, hina_session, profile_node_providers, require_isa
+from conftest import TILES_ON, cpu_session, error_text, profile_node_providers, require_isa, tiles_in_effect
+from conftest import hina_session as _hina_session
 from hinamoe.models import MatMulNBitsConfig, build_matmul_nbits_model
 from hinamoe.models.moe_layer import _ortvalue, np_dtype
 from moe_reference import check_close
 from quant_reference import int8_rounded
 
 
-def reference(a: np.ndarray, parts: dict, int8_tokens: bool = False) -> np.ndarray:
-    """float64 Y = A @ W^T (+ bias), W[n, k] = (code - zp) * scale of k's block."""
+def reference(a: np.ndarray, parts: dict, int8_tokens: bool = False, bf16: bool = False) -> np.ndarray:
+    """float64 Y = A @ W^T (+ bias), W[n, k] = (code - zp) * scale of k's block.
+    int8_tokens: A rounded to int8 per block (accuracy_level 4); bf16: W (as
+    float32 computes it) and A rounded to bf16, as the tile kernel takes them."""
     bs, bits = parts["block_size"], parts["bits"]
-    codes = parts["codes"].astype(np.float64)
+    codes = parts["codes"]
     K = codes.shape[1]
     blk = np.arange(K) // bs
     zp = parts["zero_points"]
     zp = np.full(parts["scales"].shape, 2 ** (bits - 1)) if zp is None else zp
-    w = (codes - zp[:, blk]) * parts["scales"].astype(np.float64)[:, blk]
+    scales = parts["scales"].astype(np.float64)
     x = np.asarray(a, np.float64)
-    if int8_tokens and K > bs:
+    if bf16:
+        w32 = (codes.astype(np.float32) - zp[:, blk].astype(np.float32)) * scales[:, blk].astype(np.float32)
+        w = w32.astype(ml_dtypes.bfloat16).astype(np.float64)
+        x = np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+    else:
+        w = (codes - zp[:, blk]) * scales[:, blk]
+    if int8_tokens and not bf16 and K > bs:
         pad = (-K) % bs
         xp = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
         x = int8_rounded(xp, bs)[..., :K]
@@ -38,6 +48,11 @@ def reference(a: np.ndarray, parts: dict, int8_tokens: bool = False) -> np.ndarr
     if parts["bias"] is not None:
         y = y + parts["bias"].astype(np.float64)
     return y
+
+
+def hina_session(model, **kw):
+    """A HinaMoE session with the bf16 tile kernel on (the EP's default)."""
+    return _hina_session(model, extra_options={**TILES_ON, **kw.pop("extra_options", {})}, **kw)
 
 
 def run(sess, a: np.ndarray, n: int) -> np.ndarray:
@@ -95,7 +110,7 @@ def test_float_path_vs_reference(isa, bits, K, block, zero_points, rng):
     assert sess.get_providers()[0] == "HinaMoE"
     for m in (1, int(rng.integers(2, 9)), int(rng.integers(16, 40))):
         a = _inputs(cfg, m, rng)
-        check_close(run(sess, a, cfg.N), reference(a, parts), "float32", f"{isa} M={m}")
+        check_close(run(sess, a, cfg.N), reference(a, parts, bf16=tiles_in_effect(isa, m)), "float32", f"{isa} M={m}")
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -112,8 +127,8 @@ def test_int8_tokens_vs_reference(isa, bits, zero_points, rng):
         a = _off_int8_boundaries(_inputs(cfg, m, rng), cfg.block_size)
         # int8 codes of the kernel (float32) and the reference (float64) may
         # round a value next to a boundary differently: a code step's allowance.
-        check_close(run(sess, a, cfg.N), reference(a, parts, int8_tokens=True), "float32",
-                    f"{isa} M={m}", factor=20.0)
+        check_close(run(sess, a, cfg.N), reference(a, parts, int8_tokens=True, bf16=tiles_in_effect(isa, m, 4)),
+                    "float32", f"{isa} M={m}", factor=20.0)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -129,13 +144,15 @@ def test_parity_with_cpu_ep(bits, dtype, accuracy_level, zero_points, rng):
         a = _off_int8_boundaries(_inputs(cfg, m, rng), cfg.block_size)
         out, ref_cpu = run(hina, a, cfg.N), run(cpu, a, cfg.N)
         assert out.dtype == np_dtype(dtype) and out.shape == (1, m, cfg.N)
-        ours_i8 = accuracy_level == 4
-        check_close(out, reference(a, parts, int8_tokens=ours_i8), dtype, "HinaMoE vs float64",
+        tiles = tiles_in_effect("auto", m, accuracy_level)
+        ours_i8 = accuracy_level == 4 and not tiles
+        check_close(out, reference(a, parts, int8_tokens=ours_i8, bf16=tiles), dtype, "HinaMoE vs float64",
                     factor=20.0 if ours_i8 else 1.0)
         # MLAS uses int8 tokens at accuracy_level 4 (and for 8-bit weights on
-        # some releases): a different rounding than the float64 reference.
-        check_close(out, ref_cpu.astype(np.float64), dtype, "HinaMoE vs CPU EP",
-                    factor=_factor(cfg, True) if (ours_i8 or bits == 8) else 2.0)
+        # some releases): a different rounding than the float64 reference;
+        # the tile kernel rounds to bf16.
+        check_close(out, ref_cpu.astype(np.float64), "bfloat16" if tiles else dtype, "HinaMoE vs CPU EP",
+                    factor=_factor(cfg, True) if (accuracy_level == 4 or bits == 8) else 2.0)
 
 
 @pytest.mark.parametrize("isa", ["auto", "ref"])
@@ -153,7 +170,8 @@ def test_rank2_and_many_tokens(rng):
     cfg = MatMulNBitsConfig(K=512, N=48, bits=4, block_size=32, input_rank=2)
     model, parts = build_matmul_nbits_model(cfg, rng)
     a = _inputs(cfg, 300, rng)
-    check_close(run(hina_session(model, threads=2), a, cfg.N), reference(a, parts), "float32", "M=300")
+    check_close(run(hina_session(model, threads=2), a, cfg.N), reference(a, parts, bf16=tiles_in_effect("auto", 300)),
+                "float32", "M=300")
     empty = np.zeros((0, cfg.K), np.float32)
     assert hina_session(model).run(None, {"A": empty})[0].shape == (0, cfg.N)
 

@@ -82,6 +82,12 @@ OrtStatus* HinaEp::read_options(const OrtApi& api, const OrtSessionOptions* so, 
     return make_status(ORT_INVALID_ARGUMENT, "HinaMoE: " + source + " = '" + i8 +
                                                  "': expected auto (follow accuracy_level), 1/on or 0/off");
   }
+  const std::string tiles = option("bf16_tiles", "HINAMOE_BF16_TILES", "auto", &source);
+  if (tiles != "auto" && tiles != "off") {
+    return make_status(ORT_INVALID_ARGUMENT, "HinaMoE: " + source + " = '" + tiles +
+                                                 "': expected auto (bf16 tiles where accuracy_level allows) or off");
+  }
+  out->bf16_tiles = tiles == "auto";
   return nullptr;
   HINA_API_END
 }

@@ -30,6 +30,10 @@ class HinaEp : public OrtEp {
     // accuracy_level (4: int8 tokens), 0 = float everywhere, 1 = int8 tokens
     // on every block-wise QMoE node.
     int qmoe_int8_activations = -1;
+    // From "bf16_tiles": QMoE and MatMulNBits may run groups of many tokens
+    // on the tier's bf16 tile kernel where accuracy_level allows bf16
+    // (0, 3, 4); false keeps them on the vector kernels.
+    bool bf16_tiles = true;
   };
 
   // Reads provider options (session config "ep.hinamoe.<key>": isa, numa,

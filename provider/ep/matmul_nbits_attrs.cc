@@ -18,7 +18,9 @@ AttrVerdict read_matmul_nbits_attrs(const AttrSource& src, hinamoe::MatMulNBitsA
   a.N = *N;
   a.bits = int(bits);
   a.block = *block;
-  a.int8_activations = src.get_int("accuracy_level").value_or(0) == 4;
+  const int64_t level = src.get_int("accuracy_level").value_or(0);
+  a.int8_activations = level == 4;
+  a.bf16_tiles = level == 0 || level >= 3;  // 1 and 2 ask for float32 / float16 accuracy
   *why = hinamoe::validate_matmul_nbits(a);
   if (!why->empty()) return AttrVerdict::Invalid;
   *out = a;

@@ -106,7 +106,9 @@ OrtStatus* ORT_API_CALL create_matmul_nbits_kernel(void*, const OrtKernelInfo* i
   if (!why.empty()) return kernel->error("", why);
   if (read_matmul_nbits_attrs(kernel_info_attrs(info), &kernel->attrs, &why) != AttrVerdict::Ok)
     return kernel->error("", why);
-  kernel->tier = static_cast<const HinaEp*>(ep)->options().tier;
+  const HinaEp::Options& options = static_cast<const HinaEp*>(ep)->options();
+  kernel->tier = options.tier;
+  kernel->attrs.bf16_tiles = kernel->attrs.bf16_tiles && options.bf16_tiles;
   *out = kernel.release();
   return nullptr;
   HINA_API_END

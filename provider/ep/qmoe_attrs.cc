@@ -30,7 +30,9 @@ AttrVerdict read_qmoe_attrs(const AttrSource& src, hinamoe::QMoEAttrs* out, std:
     *why = "block_size=" + std::to_string(a.block_size) + " is not 0 or a power of two >= 16";
     return AttrVerdict::Invalid;
   }
-  a.int8_activations = src.get_int("accuracy_level").value_or(0) == 4;
+  const int64_t level = src.get_int("accuracy_level").value_or(0);
+  a.int8_activations = level == 4;
+  a.bf16_tiles = level == 0 || level >= 3;  // 1 and 2 ask for float32 / float16 accuracy
   const AttrVerdict v = read_moe_attrs(src, &a.moe, why);
   if (v != AttrVerdict::Ok) return v;
   *out = a;

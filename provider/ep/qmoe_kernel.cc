@@ -178,6 +178,7 @@ OrtStatus* ORT_API_CALL create_qmoe_kernel(void*, const OrtKernelInfo* info, Ort
   kernel->tier = options.tier;
   kernel->topology = options.topology;
   if (options.qmoe_int8_activations >= 0) kernel->attrs.int8_activations = options.qmoe_int8_activations == 1;
+  kernel->attrs.bf16_tiles = kernel->attrs.bf16_tiles && options.bf16_tiles;
   *out = kernel.release();
   return nullptr;
   HINA_API_END

@@ -20,6 +20,7 @@ struct Features {
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, os_zmm = false;
   bool avx_vnni = false;     // VEX vpdpbusd on ymm
   bool avx512_vnni = false;  // EVEX vpdpbusd on zmm
+  bool avx512_bf16 = false;  // vcvtne2ps2bf16, vdpbf16ps
 };
 
 Features detect() {
@@ -44,7 +45,10 @@ Features detect() {
     f.avx512vl = (b >> 31) & 1u;
     f.avx512_vnni = (c >> 11) & 1u;
   }
-  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx_vnni = (a >> 4) & 1u;
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
+    f.avx_vnni = (a >> 4) & 1u;
+    f.avx512_bf16 = (a >> 5) & 1u;
+  }
 #endif
   return f;
 }
@@ -60,6 +64,12 @@ std::string avx_vnni_unavailable_reason() {
   const std::string avx2 = tier_unavailable_reason("avx2");
   if (!avx2.empty()) return avx2;
   return features().avx_vnni ? "" : "CPU lacks AVX-VNNI (CPUID.7.1:EAX[4])";
+}
+
+std::string avx512_bf16_unavailable_reason() {
+  const std::string avx512 = tier_unavailable_reason("avx512");
+  if (!avx512.empty()) return avx512;
+  return features().avx512_bf16 ? "" : "CPU lacks AVX512-BF16 (CPUID.7.1:EAX[5])";
 }
 
 std::string avx512_vnni_unavailable_reason() {

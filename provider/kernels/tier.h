@@ -85,6 +85,8 @@ std::string avx_vnni_unavailable_reason();
 // Why the avx512 tier cannot use AVX512-VNNI (vpdpbusd on zmm; its int8-token
 // QMoE kernels, qmoe/qgemm_avx512.cc) here ("" if it can).
 std::string avx512_vnni_unavailable_reason();
+// "" where the avx512 tier runs and the CPU has AVX512-BF16.
+std::string avx512_bf16_unavailable_reason();
 // Resolves "auto" or a tier name to a tier. On failure returns nullptr and
 // sets *error (unknown name, or the CPU lacks the instructions).
 const KernelTier* select_tier(const std::string& name, std::string* error);

@@ -15,12 +15,14 @@
 #include "amx_layout.h"
 #include "block_epilogue.h"
 #include "hina_microkernel.h"
+#include "qgemm_tiles.h"
 #include "tile_ops.h"
 
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16")
 
 #include "hina_microkernel_impl.h"
+#include "qgemm_tiles_impl.h"
 #include "tile_ops_amx.h"
 
 namespace hinamoe {
@@ -45,6 +47,13 @@ void amx_node_partial_amx(const numa::SegmentTable& table, int node, const uint1
                           int64_t r1, const uint16_t* tok, int64_t M, float* P, int64_t ldp) {
   amx::AmxTileOps ops;
   amx::node_partial(ops, table, node, W, K, r0, r1, tok, M, P, ldp);
+  ops.release();
+}
+
+void qgemm_tiles_amx(const QWeight& w, int64_t n0, int64_t n1, const uint16_t* xv, int64_t M, float* Y,
+                     int64_t ldy) {
+  amx::AmxTileOps ops;
+  amx::qgemm_tiles(ops, dequant_rows_bf16_avx512, w, n0, n1, xv, M, Y, ldy);
   ops.release();
 }
 

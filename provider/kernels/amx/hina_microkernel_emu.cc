@@ -1,6 +1,8 @@
 // The HiNa kernel instantiated over the software tile emulator.
 #include "hina_microkernel.h"
 #include "hina_microkernel_impl.h"
+#include "qgemm_tiles.h"
+#include "qgemm_tiles_impl.h"
 #include "tile_ops_emu.h"
 
 namespace hinamoe {
@@ -28,6 +30,14 @@ void amx_node_partial_emu(const numa::SegmentTable& table, int node, const uint1
   amx::TileEmulator emu;
   amx::EmuTileOps ops(emu);
   amx::node_partial(ops, table, node, W, K, r0, r1, tok, M, P, ldp);
+  ops.release();
+}
+
+void qgemm_tiles_emu(const QWeight& w, int64_t n0, int64_t n1, const uint16_t* xv, int64_t M, float* Y,
+                     int64_t ldy) {
+  amx::TileEmulator emu;
+  amx::EmuTileOps ops(emu);
+  amx::qgemm_tiles(ops, dequant_rows_bf16_ref, w, n0, n1, xv, M, Y, ldy);
   ops.release();
 }
 

@@ -36,9 +36,11 @@ class HinaMicroKernel {
   // A1[(r-16)*K + k] (ra0 <= 16, ra1 <= 16, ra1 > 0 only if ra0 == 16 or the
   // caller keeps gate rows 0..15 / up rows 16..31 apart). tok is a VNNI
   // buffer (K padded to 32) of M tokens. Rows of C past ra0 (up to 16) are
-  // not written. stream: load W with TILELOADDT1.
+  // not written. stream: load W with TILELOADDT1. A staged operand may be
+  // laid out otherwise: rows lda elements apart (0: K) and consecutive
+  // 32-column blocks kpitch elements apart (K a multiple of 32 then).
   void run(const uint16_t* A0, int ra0, const uint16_t* A1, int ra1, int64_t K, const uint16_t* tok,
-           int64_t M, int64_t mb, int mt, bool stream, float* C) {
+           int64_t M, int64_t mb, int mt, bool stream, float* C, int64_t lda_elems = 0, int64_t kpitch = 32) {
     const int mt0 = std::min(mt, 16), mt1 = mt - mt0;
     reshape(ra0, ra1, mt0, mt1);
     const bool w1 = ra1 > 0, t1 = mt1 > 0;
@@ -47,15 +49,16 @@ class HinaMicroKernel {
     if (w1) ops_.template zero<6>();
     if (w1 && t1) ops_.template zero<7>();
 
-    const int64_t lda = K * 2, ldb = 4 * M;  // bytes
+    const int64_t lda = (lda_elems ? lda_elems : K) * 2, ldb = 4 * M;  // bytes
     const char* tb = reinterpret_cast<const char*>(tok + 2 * mb);
     const int64_t kfull = K / 32 * 32;
     for (int64_t kb = 0; kb < kfull; kb += 32) {
       const char* bk = tb + (kb / 2) * ldb;
+      const int64_t ka = kb / 32 * kpitch;
       ops_.template load<0>(bk, ldb);
       if (t1) ops_.template load<1>(bk + 64, ldb);
-      load_w<2>(A0 + kb, lda, stream);
-      if (w1) load_w<3>(A1 + kb, lda, stream);
+      load_w<2>(A0 + ka, lda, stream);
+      if (w1) load_w<3>(A1 + ka, lda, stream);
       dot(w1, t1);
     }
     if (kfull < K) {

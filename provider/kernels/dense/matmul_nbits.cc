@@ -62,7 +62,6 @@ std::string matmul_nbits(const MatMulNBitsAttrs& a, const MatMulNBitsTensors& t,
   if (t.a == nullptr || t.b == nullptr || t.scales == nullptr || t.y == nullptr) return "a tensor is null";
   const QuantKernels& qk = quant_kernels_for(tier);
   const QWeight w = weight_of(a, t);
-  const int bi = a.bits == 8 ? 1 : 0;
   const int64_t K = a.K, N = a.N;
   const DType dt = t.dtype;
   const bool int8 = a.int8_activations && w.nb > 1;
@@ -76,7 +75,7 @@ std::string matmul_nbits(const MatMulNBitsAttrs& a, const MatMulNBitsTensors& t,
   Operand& op = *op_s;
   for (int64_t m0 = 0; m0 < t.M; m0 += chunk) {
     const int64_t M = std::min(chunk, t.M - m0);
-    op.init(qk, a.bits, M, K, w.nb, a.block, int8, t.zero_points != nullptr);
+    op.init(qk, a.bits, M, K, w.nb, a.block, int8, t.zero_points != nullptr, a.bf16_tiles);
     const char* in = static_cast<const char*>(t.a) + size_t(m0 * K) * dtype_size(dt);
     const int64_t tok_chunk = 16;
     maybe_parallel(par, (M + tok_chunk - 1) / tok_chunk, M * K, [&](size_t c) {
@@ -90,6 +89,7 @@ std::string matmul_nbits(const MatMulNBitsAttrs& a, const MatMulNBitsTensors& t,
         }
       }
       op.finish(p0, p1);
+      op.build_tiles(0, M, p0, p1);
     });
 
     // float32 output is written in place; other types through a float buffer.
@@ -100,11 +100,7 @@ std::string matmul_nbits(const MatMulNBitsAttrs& a, const MatMulNBitsTensors& t,
     }
     par.for_each(size_t(items), [&](size_t i) {
       const int64_t n0 = int64_t(i) * rows, n1 = std::min(N, n0 + rows);
-      if (op.int8) {
-        qk.gemm_i8[bi](w, n0, n1, op.tokens(0), M, Y + n0, N);
-      } else {
-        qk.gemm[bi](w, n0, n1, op.x.data(), op.ld, M, Y + n0, N);
-      }
+      run_gemm(qk, w, op, 0, M, n0, n1, Y + n0, N);
       for (int64_t m = 0; m < M; ++m) {
         float* yr = Y + m * N;
         if (t.bias != nullptr)

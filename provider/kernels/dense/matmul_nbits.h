@@ -25,6 +25,7 @@ struct MatMulNBitsAttrs {
   int bits = 4;            // 4 or 8
   int64_t block = 0;       // block_size: a power of two >= 16
   bool int8_activations = false;  // accuracy_level 4
+  bool bf16_tiles = true;  // bf16 arithmetic allowed (accuracy_level 0, 3, 4): the tier's tile kernel
 };
 
 struct MatMulNBitsTensors {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "../amx/amx_detect.h"
+#include "../amx/qgemm_tiles.h"
 #include "../amx/qmoe_i8.h"
 #include "qmoe_ffn.h"
 
@@ -65,6 +66,17 @@ void qgemm_i8_amx_t(const QWeight& w, int64_t n0, int64_t n1, const QTokens& x, 
 
 }  // namespace
 
+const QuantKernels& quant_avx512_tiles() {
+  static const QuantKernels q = [] {
+    QuantKernels t = quant_avx512();
+    t.name = "avx512+tiles";
+    t.gemm_tiles = qgemm_tiles_amx;
+    t.tile_min_tokens = kTileMinTokens;
+    return t;
+  }();
+  return q;
+}
+
 // The float path stays on the avx2 (else ref) kernels; int8 tokens in k order.
 const QuantKernels& quant_amx() {
   static const QuantKernels q = [] {
@@ -83,6 +95,8 @@ const QuantKernels& quant_amx_emu() {
     t.name = "amx-emu";
     t.gemm_i8[0] = t.gemm_i8[1] = qgemm_i8_amx_t<amx_qmoe_i8_block_emu>;
     t.i8_order = k_order;
+    t.gemm_tiles = qgemm_tiles_emu;
+    t.tile_min_tokens = kTileMinTokens;
     return t;
   }();
   return q;

@@ -150,8 +150,9 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
   Operand &in1 = *in1_s, &in2 = *in2_s;
   // fc1 and fc3 share the operand: an order for zero points when either has them.
   const bool zp1 = t.fc1_zp != nullptr || (t.fc3_w != nullptr && t.fc3_zp != nullptr);
-  in1.init(qk, qa.bits, R, H, t.fc1_nb, qa.block_size, i8_1, zp1);
-  in2.init(qk, qa.bits, R, I, t.fc2_nb, qa.block_size, i8_2, t.fc2_zp != nullptr);
+  const bool tiles = qa.bf16_tiles && nr == nullptr;  // NUMA slices stay on the vector kernels
+  in1.init(qk, qa.bits, R, H, t.fc1_nb, qa.block_size, i8_1, zp1, tiles);
+  in2.init(qk, qa.bits, R, I, t.fc2_nb, qa.block_size, i8_2, t.fc2_zp != nullptr, tiles);
   Scratch<std::vector<float>> h1_s, y_s;
   std::vector<float> &h1 = *h1_s, &y = *y_s;
   h1.assign(size_t(R * N1), 0.0f);
@@ -174,6 +175,7 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
       }
       in1.finish(q0, q1);
     });
+    maybe_parallel(par, E, R * H, [&](size_t e) { in1.build_tiles(begin[e], begin[e + 1]); });
   }
 
   auto w1 = [&](int64_t e) { return expert_weight(t.fc1_w, t.fc1_s, t.fc1_zp, dt, qa.bits, F1, H, t.fc1_nb, qa.block_size, e); };
@@ -258,6 +260,7 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
         },
         [&](int64_t e) {
           if (i8_2) in2.finish(begin[e], begin[e + 1]);
+          in2.build_tiles(begin[e], begin[e + 1]);
         });
   } else {
     // NUMA: each phase as node-partitioned items (partial sums over the
@@ -351,6 +354,9 @@ const QuantKernels& quant_kernels_for(const KernelTier& tier) {
   // avx512: the zmm kernels; avx2: the avx2 kernels where this CPU runs them,
   // their int8-token path on AVX-VNNI where it has that.
   if (std::strcmp(tier.name, "amx-emu") == 0) return quant_amx_emu();
+  if (std::strcmp(tier.name, "amx") == 0 && amx_unavailable_reason().empty() &&
+      avx512_bf16_unavailable_reason().empty())
+    return quant_avx512_tiles();
   const bool zmm = std::strcmp(tier.name, "amx") == 0 || std::strcmp(tier.name, "avx512") == 0;
   if (zmm && tier_unavailable_reason("avx512").empty()) return quant_avx512();
   if (tier_unavailable_reason("avx2").empty()) return avx_vnni_unavailable_reason().empty() ? quant_avx2_vnni() : quant_avx2();

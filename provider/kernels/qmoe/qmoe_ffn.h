@@ -29,6 +29,7 @@ struct QMoEAttrs {
   int bits = 4;               // 4 or 8
   int64_t block_size = 0;     // 0 = row-wise
   bool int8_activations = false;  // accuracy_level 4: x quantised to int8 per weight block
+  bool bf16_tiles = true;  // bf16 arithmetic allowed (accuracy_level 0, 3, 4): the tier's tile kernel
 };
 
 // One expert weight of QMoE's layout.
@@ -164,6 +165,11 @@ using QGemmFn = void (*)(const QWeight& w, int64_t n0, int64_t n1, const float* 
 using QGemmI8Fn = void (*)(const QWeight& w, int64_t n0, int64_t n1, const QTokens& x, int64_t M, float* Y,
                            int64_t ldy);
 
+// The same on bf16 tiles (prefill): xv holds the M tokens as K x M VNNI
+// bf16 (amx_layout.h), w is rounded to bf16 (amx/qgemm_tiles.h).
+using QGemmTilesFn = void (*)(const QWeight& w, int64_t n0, int64_t n1, const uint16_t* xv, int64_t M, float* Y,
+                              int64_t ldy);
+
 // The token order a tier's kernel reads for a weight of `bits`, `block`
 // elements per scale (K when row-wise), row length K, with or without zero
 // points.
@@ -180,6 +186,10 @@ struct QuantKernels {
   QGemmI8Fn gemm_i8[2] = {};
   TokenOrderFn f_order = k_order;
   TokenOrderFn i8_order = k_order;
+  // Tiers with a matrix engine: the tile kernel for groups of at least
+  // tile_min_tokens tokens (both bit widths), where the caller allows bf16.
+  QGemmTilesFn gemm_tiles = nullptr;
+  int64_t tile_min_tokens = 0;
 };
 
 const QuantKernels& quant_ref();
@@ -194,11 +204,18 @@ const QuantKernels& quant_avx2_vnni();
 const QuantKernels& quant_avx512();
 // AMX-INT8 for the int8-token path (qgemm_amx.cc; the float path is avx2's):
 // real tiles (only where amx_int8_unavailable_reason() is "") or the emulator.
+// amx-emu also has the bf16 tile kernel on the emulator.
 const QuantKernels& quant_amx();
 const QuantKernels& quant_amx_emu();
+// The avx512 kernels with the bf16 tile kernel on AMX for groups of
+// kTileMinTokens tokens or more (the amx tier; only where
+// amx_unavailable_reason() is "").
+const QuantKernels& quant_avx512_tiles();
+constexpr int64_t kTileMinTokens = 16;
 // The quantised kernels a MoE tier runs (amx-emu: AMX-INT8 for int8 tokens,
-// avx2 or ref for the float path; amx and avx512: quant_avx512, as the
-// AMX-INT8 kernel is slower than the zmm ones on silicon today).
+// avx2 or ref for the float path, bf16 tiles; amx: quant_avx512_tiles, as
+// the AMX-INT8 kernel is slower than the zmm ones on silicon today; avx512:
+// quant_avx512).
 const QuantKernels& quant_kernels_for(const KernelTier& tier);
 
 struct QMoETensors {

@@ -34,12 +34,22 @@ struct Operand {
   TokenOrder order = TokenOrder::KOrder;    // of the int8 codes
   TokenOrder x_order = TokenOrder::KOrder;  // of the float rows
   std::vector<int32_t> xpos;                // where element k of a float row goes (empty: k order)
+  // Tile kernel (prefill): the rows [p0, p1) of a group of at least
+  // tile_min rows as K x (p1 - p0) VNNI bf16 at xv + p0 * Kp (build_tiles).
+  QGemmTilesFn tiles = nullptr;
+  int64_t tile_min = 0, Kp = 0;
+  AlignedVector<uint16_t> xv;
 
   // The orders come from the tier's kernels for this operand's weights
   // (int8 operands quantise x from k order). Buffers may come from an
   // earlier call (Scratch): everything is set again here.
+  // bf16_tiles: the tier's tile kernel may run groups of tile_min rows or more.
   void init(const QuantKernels& qk, int bits, int64_t R, int64_t K_, int64_t nb_, int64_t block_size, bool int8_,
-            bool zero_points_) {
+            bool zero_points_, bool bf16_tiles = false) {
+    tiles = bf16_tiles ? qk.gemm_tiles : nullptr;
+    tile_min = qk.tile_min_tokens;
+    Kp = (K_ + 31) / 32 * 32;
+    if (tiles && R >= tile_min) xv.resize(size_t(R * Kp));
     xpos.clear();
     qpos.clear();
     K = K_;
@@ -65,7 +75,7 @@ struct Operand {
   int64_t pos(int64_t k) const { return xpos.empty() ? k : xpos[size_t(k)]; }
   friend size_t heap_bytes(const Operand& o) {
     return heap_bytes(o.x) + heap_bytes(o.q) + heap_bytes(o.qpos) + heap_bytes(o.qscale) + heap_bytes(o.qsum) +
-           heap_bytes(o.xpos);
+           heap_bytes(o.xpos) + heap_bytes(o.xv);
   }
   // The int8 codes of rows [p0, p1) after x is written.
   void finish(int64_t p0, int64_t p1) {
@@ -73,6 +83,11 @@ struct Operand {
       quantize_rows(x.data(), ld, K, block, qpos.empty() ? nullptr : qpos.data(), p0, p1, q.data(), qscale.data(),
                     qsum.data(), ldq, nb);
   }
+  // Whether a GEMM over the M rows from p0 runs on the tile kernel.
+  bool on_tiles(int64_t M) const { return tiles != nullptr && M >= tile_min; }
+  // The VNNI copy of tokens [m0, m1) (default: all) of the group [p0, p1)
+  // after x is written (when on_tiles(p1 - p0)).
+  void build_tiles(int64_t p0, int64_t p1, int64_t m0 = 0, int64_t m1 = -1);
   QTokens tokens(int64_t p0) const {
     QTokens t;
     t.q = q.data() + p0 * ldq;

@@ -1,0 +1,40 @@
+// Quantised weights on AMX-BF16 tiles (prefill): rows of 4/8-bit codes are
+// dequantised, 32 rows at a time, into a bf16 panel that stays in L1/L2,
+// and every token of the call is multiplied against that panel with the
+// HiNa micro-kernel (tokens in the VNNI layout, amx_layout.h). The codes are
+// read in place once per call; the dequantisation is shared by all tokens,
+// so it pays from about 16 tokens on (docs/kernels.md).
+//
+// Numerics: w = (q - zp) * scale is rounded to bf16 (RNE), tokens too; the
+// products accumulate in float32. The _emu and _amx instantiations give
+// bit-identical results (same panel bytes, same tile arithmetic order).
+#pragma once
+
+#include <cstdint>
+
+#include "../qmoe/qmoe_ffn.h"
+
+namespace hinamoe {
+
+// Y[m*ldy + (n - n0)] = sum_k bf16(w[n, k]) * xv(k, m), n in [n0, n1), m < M;
+// xv: the M tokens in blocks of 32 (the last one shorter), block j at
+// xv + 32*j*Kp a K x mt VNNI bf16 buffer (amx::vnni_index with M = mt; K
+// padded to Kp = round_up32(K) with zeros): every tile row of tokens is 128
+// bytes from the next, whatever M.
+void qgemm_tiles_amx(const QWeight& w, int64_t n0, int64_t n1, const uint16_t* xv, int64_t M, float* Y,
+                     int64_t ldy);
+void qgemm_tiles_emu(const QWeight& w, int64_t n0, int64_t n1, const uint16_t* xv, int64_t M, float* Y,
+                     int64_t ldy);
+
+// Rows [n, n + rows) of w dequantised as bf16 into a tile-major panel:
+// element (r, k) at panel[(k/32)*1024 + r*32 + k%32], zero for k in
+// [K, Kp); Kp a multiple of 32, rows <= 32. The avx512 version (AVX512-BF16)
+// writes the same bytes as the scalar one (NaN payloads and denormals,
+// which the instruction flushes, aside).
+void dequant_rows_bf16_ref(const QWeight& w, int64_t n, int rows, int64_t Kp, uint16_t* panel);
+void dequant_rows_bf16_avx512(const QWeight& w, int64_t n, int rows, int64_t Kp, uint16_t* panel);
+
+// This thread's panel buffer of 32 rows x Kp bf16 (128 KiB at K = 2048: in L2).
+uint16_t* tile_panel(int64_t Kp);
+
+}  // namespace hinamoe
