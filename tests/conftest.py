@@ -112,9 +112,11 @@ def available_isas() -> list[str]:
 def tiles_in_effect(isa: str, tokens: int, accuracy_level: int | None = None) -> bool:
     """Whether QMoE / MatMulNBits run a group of `tokens` tokens on the bf16
     tile kernel (weights and tokens rounded to bf16): the amx tiers, from
-    16 tokens, where accuracy_level allows bf16 (absent, 0, 3, 4)."""
+    16 tokens (64 at accuracy_level 4, where the int8-token kernels run
+    below), where accuracy_level allows bf16 (absent, 0, 3, 4)."""
     tier = hinamoe.best_tier() if isa == "auto" else isa
-    return tier in ("amx", "amx-emu") and tokens >= 16 and (accuracy_level or 0) not in (1, 2)
+    level = accuracy_level or 0
+    return tier in ("amx", "amx-emu") and tokens >= (64 if level == 4 else 16) and level not in (1, 2)
 
 
 def require_isa(isa: str) -> None:

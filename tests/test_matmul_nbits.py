@@ -123,7 +123,7 @@ def test_int8_tokens_vs_reference(isa, bits, zero_points, rng):
                             accuracy_level=4)
     model, parts = build_matmul_nbits_model(cfg, rng)
     sess = hina_session(model, isa=isa, threads=2)
-    for m in (1, 5, 33):
+    for m in (1, 5, 33, 70):
         a = _off_int8_boundaries(_inputs(cfg, m, rng), cfg.block_size)
         # int8 codes of the kernel (float32) and the reference (float64) may
         # round a value next to a boundary differently: a code step's allowance.

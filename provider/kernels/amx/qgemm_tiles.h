@@ -34,6 +34,13 @@ void qgemm_tiles_emu(const QWeight& w, int64_t n0, int64_t n1, const uint16_t* x
 void dequant_rows_bf16_ref(const QWeight& w, int64_t n, int rows, int64_t Kp, uint16_t* panel);
 void dequant_rows_bf16_avx512(const QWeight& w, int64_t n, int rows, int64_t Kp, uint16_t* panel);
 
+// Tokens into a VNNI block: rows[i] (i < n <= 16, float, k order) become
+// dst[(k/2)*ld + i] = bf16 pair (k even in the low half), zero for k in
+// [K, Kp). The avx512 version writes the same bytes (NaN payloads and
+// denormals aside).
+void vnni_rows16_ref(const float* const* rows, int n, int64_t K, int64_t Kp, uint32_t* dst, int64_t ld);
+void vnni_rows16_avx512(const float* const* rows, int n, int64_t K, int64_t Kp, uint32_t* dst, int64_t ld);
+
 // This thread's panel buffer of 32 rows x Kp bf16 (128 KiB at K = 2048: in L2).
 uint16_t* tile_panel(int64_t Kp);
 

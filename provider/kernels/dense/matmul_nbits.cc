@@ -78,8 +78,11 @@ std::string matmul_nbits(const MatMulNBitsAttrs& a, const MatMulNBitsTensors& t,
     op.init(qk, a.bits, M, K, w.nb, a.block, int8, t.zero_points != nullptr, a.bf16_tiles);
     const char* in = static_cast<const char*>(t.a) + size_t(m0 * K) * dtype_size(dt);
     const int64_t tok_chunk = 16;
+    // On tiles, float32 A goes straight into the tile layout (x unused).
+    const bool direct = op.on_tiles(M) && dt == DType::F32;
     maybe_parallel(par, (M + tok_chunk - 1) / tok_chunk, M * K, [&](size_t c) {
       const int64_t p0 = int64_t(c) * tok_chunk, p1 = std::min(M, p0 + tok_chunk);
+      if (direct) return op.build_tiles(0, M, p0, p1, static_cast<const float*>(t.a) + m0 * K, K);
       for (int64_t p = p0; p < p1; ++p) {
         float* dst = &op.x[size_t(p * op.ld)];
         if (op.x_order != TokenOrder::KOrder) {

@@ -12,6 +12,12 @@
 namespace hinamoe {
 namespace {
 
+// Where the bf16 tile kernel takes over from the avx512 ones (float tokens)
+// and from the AVX512-VNNI int8-token ones (docs/kernels.md, measured on a
+// Xeon with AMX: tiles ahead from 16 and 64 tokens).
+constexpr int64_t kTileMinTokens = 16;
+constexpr int64_t kTileMinTokensI8 = 64;
+
 using AmxBlockFn = void (*)(const AmxI8Weight&, const AmxI8Tokens&, int64_t, int64_t, float*, int64_t);
 
 template <AmxBlockFn Fn>
@@ -71,7 +77,9 @@ const QuantKernels& quant_avx512_tiles() {
     QuantKernels t = quant_avx512();
     t.name = "avx512+tiles";
     t.gemm_tiles = qgemm_tiles_amx;
+    t.tile_tokens = vnni_rows16_avx512;
     t.tile_min_tokens = kTileMinTokens;
+    t.tile_min_tokens_i8 = kTileMinTokensI8;
     return t;
   }();
   return q;
@@ -96,7 +104,9 @@ const QuantKernels& quant_amx_emu() {
     t.gemm_i8[0] = t.gemm_i8[1] = qgemm_i8_amx_t<amx_qmoe_i8_block_emu>;
     t.i8_order = k_order;
     t.gemm_tiles = qgemm_tiles_emu;
+    t.tile_tokens = vnni_rows16_ref;
     t.tile_min_tokens = kTileMinTokens;
+    t.tile_min_tokens_i8 = kTileMinTokensI8;
     return t;
   }();
   return q;

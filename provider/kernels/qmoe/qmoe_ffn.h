@@ -188,8 +188,12 @@ struct QuantKernels {
   TokenOrderFn i8_order = k_order;
   // Tiers with a matrix engine: the tile kernel for groups of at least
   // tile_min_tokens tokens (both bit widths), where the caller allows bf16.
+  // tile_tokens: up to 16 float rows (k order) into a VNNI block of the
+  // tile kernel's token layout (amx/qgemm_tiles.h: vnni_rows16_*).
   QGemmTilesFn gemm_tiles = nullptr;
-  int64_t tile_min_tokens = 0;
+  void (*tile_tokens)(const float* const* rows, int n, int64_t K, int64_t Kp, uint32_t* dst, int64_t ld) = nullptr;
+  int64_t tile_min_tokens = 0;     // float tokens (accuracy_level 0, 3)
+  int64_t tile_min_tokens_i8 = 0;  // where the int8-token kernels run otherwise (accuracy_level 4)
 };
 
 const QuantKernels& quant_ref();
@@ -211,7 +215,6 @@ const QuantKernels& quant_amx_emu();
 // kTileMinTokens tokens or more (the amx tier; only where
 // amx_unavailable_reason() is "").
 const QuantKernels& quant_avx512_tiles();
-constexpr int64_t kTileMinTokens = 16;
 // The quantised kernels a MoE tier runs (amx-emu: AMX-INT8 for int8 tokens,
 // avx2 or ref for the float path, bf16 tiles; amx: quant_avx512_tiles, as
 // the AMX-INT8 kernel is slower than the zmm ones on silicon today; avx512:

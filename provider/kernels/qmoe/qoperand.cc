@@ -64,26 +64,34 @@ void quantize_rows(const float* x, int64_t ldx, int64_t K, int64_t block, const 
 
 // One GEMM of rows [n0, n1) of w, columns [k0, k1) (default: all), for the
 // M routes starting at p0.
-void Operand::build_tiles(int64_t p0, int64_t p1, int64_t m_lo, int64_t m_hi) {
+void Operand::build_tiles(int64_t p0, int64_t p1, int64_t m_lo, int64_t m_hi, const float* src, int64_t lds) {
   const int64_t M = p1 - p0;
   if (!on_tiles(M)) return;
   if (m_hi < 0) m_hi = M;
   // Blocks of 32 tokens (qgemm_tiles.h): block j at xv + (p0 + 32j) * Kp holds
-  // pair k/2 of its token c at [(k/2)*mt + c], mt its token count. Groups of
-  // 16 tokens at a time: 16 row streams in, 64 contiguous bytes out per pair.
+  // pair k/2 of its token c at [(k/2)*mt + c], mt its token count; written
+  // 16 tokens at a time, rows in k order (put back in order where the
+  // vector kernels' order is another).
+  thread_local std::vector<float> korder;
+  if (!src && !xpos.empty() && korder.size() < size_t(16 * K)) korder.resize(size_t(16 * K));
   for (int64_t m0 = m_lo, m1; m0 < m_hi; m0 = m1) {
     m1 = std::min(m_hi, (m0 / 16 + 1) * 16);  // never across a block of 32
     const int64_t mb = m0 / 32 * 32, mt = std::min<int64_t>(32, M - mb);
-    uint32_t* dst = reinterpret_cast<uint32_t*>(xv.data() + (p0 + mb) * Kp);
-    for (int64_t kk = 0; kk < Kp / 2; ++kk) {
-      const int64_t k = 2 * kk;
-      for (int64_t m = m0; m < m1; ++m) {
-        const float* xr = x.data() + (p0 + m) * ld;
-        const uint16_t lo = k < K ? f32_to_bf16(xr[pos(k)]) : 0;
-        const uint16_t hi = k + 1 < K ? f32_to_bf16(xr[pos(k + 1)]) : 0;
-        dst[kk * mt + (m - mb)] = uint32_t(lo) | (uint32_t(hi) << 16);
+    const float* rows[16];
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* xr = x.data() + (p0 + m) * ld;
+      if (src != nullptr) {
+        rows[m - m0] = src + m * lds;
+      } else if (xpos.empty()) {
+        rows[m - m0] = xr;
+      } else {
+        float* r = korder.data() + (m - m0) * K;
+        for (int64_t k = 0; k < K; ++k) r[k] = xr[xpos[size_t(k)]];
+        rows[m - m0] = r;
       }
     }
+    uint32_t* dst = reinterpret_cast<uint32_t*>(xv.data() + (p0 + mb) * Kp) + (m0 - mb);
+    tile_tokens(rows, int(m1 - m0), K, Kp, dst, mt);
   }
 }
 

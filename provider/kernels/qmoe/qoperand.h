@@ -37,6 +37,7 @@ struct Operand {
   // Tile kernel (prefill): the rows [p0, p1) of a group of at least
   // tile_min rows as K x (p1 - p0) VNNI bf16 at xv + p0 * Kp (build_tiles).
   QGemmTilesFn tiles = nullptr;
+  void (*tile_tokens)(const float* const*, int, int64_t, int64_t, uint32_t*, int64_t) = nullptr;
   int64_t tile_min = 0, Kp = 0;
   AlignedVector<uint16_t> xv;
 
@@ -47,7 +48,8 @@ struct Operand {
   void init(const QuantKernels& qk, int bits, int64_t R, int64_t K_, int64_t nb_, int64_t block_size, bool int8_,
             bool zero_points_, bool bf16_tiles = false) {
     tiles = bf16_tiles ? qk.gemm_tiles : nullptr;
-    tile_min = qk.tile_min_tokens;
+    tile_tokens = qk.tile_tokens;
+    tile_min = int8_ ? qk.tile_min_tokens_i8 : qk.tile_min_tokens;
     Kp = (K_ + 31) / 32 * 32;
     if (tiles && R >= tile_min) xv.resize(size_t(R * Kp));
     xpos.clear();
@@ -86,8 +88,10 @@ struct Operand {
   // Whether a GEMM over the M rows from p0 runs on the tile kernel.
   bool on_tiles(int64_t M) const { return tiles != nullptr && M >= tile_min; }
   // The VNNI copy of tokens [m0, m1) (default: all) of the group [p0, p1)
-  // after x is written (when on_tiles(p1 - p0)).
-  void build_tiles(int64_t p0, int64_t p1, int64_t m0 = 0, int64_t m1 = -1);
+  // after x is written (when on_tiles(p1 - p0)); from src instead of x when
+  // given (float rows in k order, lds apart, row 0 = token p0).
+  void build_tiles(int64_t p0, int64_t p1, int64_t m0 = 0, int64_t m1 = -1, const float* src = nullptr,
+                   int64_t lds = 0);
   QTokens tokens(int64_t p0) const {
     QTokens t;
     t.q = q.data() + p0 * ldq;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "amx/qgemm_tiles.h"
 #include "qmoe/qmoe_routing.h"
 #include "qmoe/qmoe_test_helpers.h"
 #include "thread_pool.h"
@@ -321,9 +322,14 @@ TEST(qmoe_tiers_map_to_quantised_kernels) {
   if (tier_unavailable_reason("avx512").empty())  // the avx512 tier: zmm kernels, int8 tokens on VNNI where it has it
     CHECK(std::string(quant_kernels_for(avx512_tier()).name) ==
           (avx512_vnni_unavailable_reason().empty() ? "avx512-vnni" : "avx512"));
-  // amx on silicon: the avx512 tier's kernels (the AMX-INT8 one is slower there).
-  if (tier_unavailable_reason("amx").empty())
-    CHECK(&quant_kernels_for(amx_tier()) == &quant_kernels_for(avx512_tier()));
+  // amx on silicon: the avx512 tier's kernels (the AMX-INT8 one is slower
+  // there) and the bf16 tile kernel for many tokens.
+  if (tier_unavailable_reason("amx").empty() && avx512_bf16_unavailable_reason().empty()) {
+    const QuantKernels& amx = quant_kernels_for(amx_tier());
+    CHECK(std::string(amx.name) == "avx512+tiles" && amx.gemm_tiles == qgemm_tiles_amx);
+    CHECK(amx.gemm[0] == quant_kernels_for(avx512_tier()).gemm[0]);
+  }
+  CHECK(quant_kernels_for(amx_emu_tier()).gemm_tiles == qgemm_tiles_emu);
   for (const QuantKernels* qk : {&quant_ref(), &quant_kernels_for(amx_emu_tier())})
     for (int b = 0; b < 2; ++b) CHECK(qk->gemm[b] != nullptr && qk->gemm_i8[b] != nullptr);
 }
