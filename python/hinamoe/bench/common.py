@@ -110,7 +110,7 @@ def make_session(model, ep: str, threads: int, hina_options: dict):
 class OtherLoad:
     """CPU time that other processes used on this machine while a benchmark
     ran, from /proc/stat (all CPUs' busy time) minus this process's own
-    (resource.getrusage): with 2 cores, one busy neighbour halves a
+    and its waited-for children's (resource.getrusage): with 2 cores, one busy neighbour halves a
     2-thread run and can leave a thread off-CPU for a whole time slice, so
     numbers taken beside one are not the machine's. `cores_used()` is the
     average number of cores the others kept busy; Linux only (None elsewhere)."""
@@ -133,7 +133,8 @@ class OtherLoad:
         idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
         busy = (sum(fields[:8]) - idle) / tick  # user..steal, seconds
         ru = resource.getrusage(resource.RUSAGE_SELF)
-        return time.monotonic(), busy, ru.ru_utime + ru.ru_stime
+        ch = resource.getrusage(resource.RUSAGE_CHILDREN)  # waited-for children (llama-bench) are ours too
+        return time.monotonic(), busy, ru.ru_utime + ru.ru_stime + ch.ru_utime + ch.ru_stime
 
     def cores_used(self) -> float | None:
         t1 = self._sample()

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
+from . import llama_cpp
 from .common import OtherLoad, cpu_name, hinamoe_tier
 
 NAME = "decode"
@@ -54,6 +55,15 @@ which EP ran each group.
 fp32 original of a copy whose experts are bf16 (which the CPU EP cannot
 run; python -m hinamoe.export.convert makes such copies).
 
+With --llama-cpp DIR and --checkpoint HF_DIR (the checkpoint MODEL was
+exported from), llama.cpp runs the same weights in the same run: the
+checkpoint converted by llama.cpp's convert_hf_to_gguf.py, quantised with
+llama-quantize --pure to the type of MODEL's precision (int4 -> Q4_0, int8
+-> Q8_0, bf16 -> BF16, fp16 -> F16, fp32 -> F32; --gguf-type to choose),
+timed by llama-bench at its defaults (one repetition per round, -p PROMPT
+-n NEW_TOKENS -t THREADS) between the ONNX Runtime rounds; ratios "vs
+llama.cpp" = HinaMoE tokens/s / llama.cpp tokens/s.
+
 Needs onnxruntime-genai for genai folders (and, for the builder,
 transformers 5), the export extra for hina-export folders.
 
@@ -61,6 +71,7 @@ Examples:
   hina-bench decode gptoss-genai --prompt 128 --new-tokens 64 --rounds 5 --threads 2
   hina-bench decode gptoss-genai-bf16 --cpu-model gptoss-genai --json decode.json --plot decode.png
   hina-bench decode qwen3-export --client optimum
+  hina-bench decode qwen3-int4 --checkpoint qwen3-hf --llama-cpp ~/llama.cpp --prompt 512
 """
 
 OP_GROUPS = (("MoE/QMoE", ("MoE", "QMoE")), ("GroupQueryAttention", ("GroupQueryAttention",)),
@@ -86,6 +97,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isa", default="auto", help="HinaMoE isa option (default auto)")
     p.add_argument("--seed", type=int, default=0, help="prompt token seed")
     p.add_argument("--no-profile", action="store_true", help="skip the profiled op breakdown")
+    p.add_argument("--llama-cpp", default=None, metavar="DIR",
+                   help="llama.cpp source tree with build/bin/llama-bench and llama-quantize (or "
+                        "$HINAMOE_LLAMA_CPP): time llama.cpp on the same checkpoint (needs --checkpoint)")
+    p.add_argument("--checkpoint", default=None, metavar="HF_DIR",
+                   help="the HF checkpoint MODEL was exported from (for --llama-cpp)")
+    p.add_argument("--gguf-type", default=None, choices=sorted(set(llama_cpp.GGUF_TYPES.values())),
+                   help="llama.cpp type (default: the one matching MODEL's precision)")
+    p.add_argument("--gguf-dir", default=None, help="where converted GGUF files are kept (default: "
+                                                    "~/.cache/hinamoe/gguf)")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--plot", default=None, help="write a plot here (needs matplotlib)")
 
@@ -239,7 +259,8 @@ def _run(args) -> int:
         if clients["HinaMoE"].vocab_size != clients["CPU"].vocab_size:
             raise ValueError(f"--cpu-model has vocabulary {clients['CPU'].vocab_size}, "
                              f"{args.model} {clients['HinaMoE'].vocab_size}: not the same model")
-    except (ValueError, ImportError) as e:
+        llama = _llama_setup(args, paths["HinaMoE"])
+    except (ValueError, ImportError, RuntimeError) as e:
         print(f"hina-bench decode: {e}", file=sys.stderr)
         return 2
     if hinamoe_tier(args.isa) is None:  # says why
@@ -248,8 +269,15 @@ def _run(args) -> int:
     prompt = rng.integers(0, min(clients["HinaMoE"].vocab_size, 256), size=args.prompt)
     rounds = {ep: [] for ep in EPS}
     tokens = {}
-    order = [(i, ep) for i in range(args.rounds) for ep in (EPS if i % 2 == 0 else EPS[::-1])]
+    sides = EPS + (("llama.cpp",) if llama else ())
+    order = [(i, ep) for i in range(args.rounds) for ep in (sides if i % 2 == 0 else sides[::-1])]
+    llama_rounds = []
     for i, ep in _progress(order, len(order), "decode rounds"):
+        if ep == "llama.cpp":
+            load = OtherLoad()
+            r = llama_cpp.run_bench(llama["tree"], llama["gguf"], args.prompt, args.new_tokens, args.threads, reps=1)
+            llama_rounds.append({"round": i, **r, "other_cores": load.cores_used()})
+            continue
         c = clients[ep]
         handle = _load(c, ep, args)
         load = OtherLoad()
@@ -284,8 +312,16 @@ def _run(args) -> int:
     h, c = (result["eps"][ep]["summary"] for ep in EPS)
     result["decode_speedup"] = h["decode_tokens_per_s"] / c["decode_tokens_per_s"]
     result["prefill_speedup"] = h["prefill_tokens_per_s"] / c["prefill_tokens_per_s"]
+    if llama:
+        med = {k: statistics.median(r[f"{k}_tokens_per_s"] for r in llama_rounds) for k in ("prefill", "decode")}
+        result["llama_cpp"] = {"gguf": str(llama["gguf"]), "gguf_type": llama["type"], "rounds": llama_rounds,
+                               "summary": {"prefill_tokens_per_s": med["prefill"], "decode_tokens_per_s": med["decode"]},
+                               "build": llama_rounds[-1].get("build")}
+        result["decode_vs_llama_cpp"] = h["decode_tokens_per_s"] / med["decode"]
+        result["prefill_vs_llama_cpp"] = h["prefill_tokens_per_s"] / med["prefill"]
     _print(result)
-    busiest = max((r.get("other_cores") or 0.0 for ep in EPS for r in rounds[ep]), default=0.0)
+    busiest = max([r.get("other_cores") or 0.0 for ep in EPS for r in rounds[ep]] +
+                  [r.get("other_cores") or 0.0 for r in llama_rounds], default=0.0)
     warning = OtherLoad.warning(busiest)
     if warning:
         print(warning.replace("this run", "a round (other_cores per round in the JSON)"), file=sys.stderr)
@@ -308,8 +344,15 @@ def _print(result: dict) -> None:
         s = r["summary"]
         print(f"{ep:8} {s['prefill_tokens_per_s']:14.1f} {s['decode_tokens_per_s']:13.2f} "
               f"{s['decode_ms_p10']:8.2f}/{s['decode_ms_median']:.2f}/{s['decode_ms_p90']:.2f}")
+    lc = result.get("llama_cpp")
+    if lc:
+        s = lc["summary"]
+        print(f"{'llama.cpp':8} {s['prefill_tokens_per_s']:14.1f} {s['decode_tokens_per_s']:13.2f} "
+              f"{'(' + lc['gguf_type'] + ', llama-bench)':>24}")
     print(f"decode speed-up {result['decode_speedup']:.2f}x, prefill {result['prefill_speedup']:.2f}x, "
           f"same tokens: {result['same_tokens']}")
+    if lc:
+        print(f"vs llama.cpp: decode {result['decode_vs_llama_cpp']:.2f}x, prefill {result['prefill_vs_llama_cpp']:.2f}x")
     for ep, r in result["eps"].items():
         ops = r.get("ops")
         if not ops:
@@ -320,6 +363,24 @@ def _print(result: dict) -> None:
         print(f"{ep} per decoded token: {parts}")
 
 
+def _llama_setup(args, model: Path) -> dict | None:
+    """The llama.cpp side (tree, GGUF file, type), or None without --llama-cpp."""
+    if not args.llama_cpp and not args.checkpoint:
+        return None
+    if not args.checkpoint:
+        raise ValueError("--llama-cpp needs --checkpoint HF_DIR (the checkpoint the model was exported from)")
+    tree = llama_cpp.find(args.llama_cpp)
+    kind = args.gguf_type
+    if kind is None:
+        prec = llama_cpp.precision_of(model) if (model / "model.onnx").is_file() else None
+        if prec is None:
+            raise ValueError(f"cannot tell {model}'s precision (no MoE/QMoE node): give --gguf-type")
+        kind = llama_cpp.GGUF_TYPES[prec]
+    workdir = args.gguf_dir or Path.home() / ".cache" / "hinamoe" / "gguf"
+    gguf = llama_cpp.gguf(tree, args.checkpoint, kind, workdir, log=lambda m: print(m, file=sys.stderr))
+    return {"tree": tree, "gguf": gguf, "type": kind}
+
+
 def _plot(result: dict, path: str) -> None:
     import matplotlib
 
@@ -328,7 +389,9 @@ def _plot(result: dict, path: str) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     eps = list(result["eps"])
-    ax1.bar(eps, [result["eps"][ep]["summary"]["decode_tokens_per_s"] for ep in eps], color=["C0", "C1"])
+    sides = eps + (["llama.cpp"] if "llama_cpp" in result else [])
+    summaries = [result["eps"][ep]["summary"] for ep in eps] + ([result["llama_cpp"]["summary"]] if "llama_cpp" in result else [])
+    ax1.bar(sides, [s["decode_tokens_per_s"] for s in summaries], color=["C0", "C1", "C2"][:len(sides)])
     ax1.set_ylabel("decode tokens/s")
     ax1.set_title(f"decode, {result['meta']['threads']} threads")
     groups = [g for g, _ in OP_GROUPS] + ["other"]
