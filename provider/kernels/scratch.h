@@ -1,14 +1,11 @@
-// Scratch buffers the MoE and QMoE drivers borrow from a pool of the calling
-// thread and give back when the call ends, so the next call reuses them. A
-// 16-token step needs a few MiB of buffers; freed, glibc may hand blocks of
-// that size back to the kernel (munmap, heap trimming), and the next step
-// then faults in and zeroes fresh pages. In the C++ benches on Zen 5 (2
-// threads, 2026-12-04) that was 15-30% of a 16-token call (glibc's mmap and
-// trim thresholds raised: QMoE with int8 tokens 3.9-4.1 against 5.5-6.0
-// ms); inside ORT's process the same thresholds moved nothing beyond the
-// noise, so there this is insurance against the allocator's state. A
-// thread keeps at most kScratchKeepBytes in its pools; larger buffers
-// (prefill batches) are freed as before.
+// Scratch buffers the MoE, QMoE and MatMulNBits drivers borrow from a pool
+// of the calling thread and give back when the call ends, so the next call
+// reuses them: freed, glibc hands large blocks back to the kernel, and the
+// next call faults in and zeroes fresh pages (at a 512-token prompt, a
+// QMoE layer's ~130 MiB of token, activation and output rows; measurements
+// in docs/kernels.md). A thread keeps at most kScratchKeepBytes in its
+// pools (only threads that call session.run: the pool threads run items);
+// larger buffers are freed as before.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +14,7 @@
 
 namespace hinamoe {
 
-constexpr size_t kScratchKeepBytes = size_t(16) << 20;
+constexpr size_t kScratchKeepBytes = size_t(256) << 20;
 
 // Bytes a pooled object holds on the heap: a vector's capacity; other types
 // (the QMoE driver's per-operand buffers) define heap_bytes themselves.
