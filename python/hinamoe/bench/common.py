@@ -110,16 +110,18 @@ def make_session(model, ep: str, threads: int, hina_options: dict):
 class OtherLoad:
     """CPU time that other processes used on this machine while a benchmark
     ran, from /proc/stat (all CPUs' busy time) minus this process's own
-    and its waited-for children's (resource.getrusage): with 2 cores, one busy neighbour halves a
+    (resource.getrusage): with 2 cores, one busy neighbour halves a
     2-thread run and can leave a thread off-CPU for a whole time slice, so
     numbers taken beside one are not the machine's. `cores_used()` is the
     average number of cores the others kept busy; Linux only (None elsewhere)."""
 
-    def __init__(self):
+    def __init__(self, children_are_ours: bool = False):
+        # children_are_ours: the CPU time of child processes waited for
+        # meanwhile (llama-bench in hina-bench decode) is the benchmark's own.
+        self.children = children_are_ours
         self.t0 = self._sample()
 
-    @staticmethod
-    def _sample():
+    def _sample(self):
         import os
         import resource
         import time
@@ -132,9 +134,10 @@ class OtherLoad:
         tick = os.sysconf("SC_CLK_TCK")
         idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
         busy = (sum(fields[:8]) - idle) / tick  # user..steal, seconds
-        ru = resource.getrusage(resource.RUSAGE_SELF)
-        ch = resource.getrusage(resource.RUSAGE_CHILDREN)  # waited-for children (llama-bench) are ours too
-        return time.monotonic(), busy, ru.ru_utime + ru.ru_stime + ch.ru_utime + ch.ru_stime
+        own = [resource.getrusage(resource.RUSAGE_SELF)]
+        if self.children:
+            own.append(resource.getrusage(resource.RUSAGE_CHILDREN))
+        return time.monotonic(), busy, sum(ru.ru_utime + ru.ru_stime for ru in own)
 
     def cores_used(self) -> float | None:
         t1 = self._sample()

@@ -274,7 +274,7 @@ def _run(args) -> int:
     llama_rounds = []
     for i, ep in _progress(order, len(order), "decode rounds"):
         if ep == "llama.cpp":
-            load = OtherLoad()
+            load = OtherLoad(children_are_ours=True)
             r = llama_cpp.run_bench(llama["tree"], llama["gguf"], args.prompt, args.new_tokens, args.threads, reps=1)
             llama_rounds.append({"round": i, **r, "other_cores": load.cores_used()})
             continue
