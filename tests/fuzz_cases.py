@@ -702,10 +702,106 @@ def run_qmoe_case(c) -> str:
     return "ok"
 
 
+# ------------------------------------------------------------------ MatMulNBits
+
+MMNB_VALUES = ("normal", "normal", "normal", "nan_a", "inf_a", "max_a", "nan_scale")
+MMNB_MALFORMED = ("scales_size", "zp_size", "bits_2", "block_not_pow2")
+
+
+def gen_mmnb(rng) -> dict:
+    c = _common(rng)
+    block = int(_pick(rng, (16, 32, 32, 64, 128)))
+    c.update(bits=int(_pick(rng, (4, 8))), block=block, n=int(rng.integers(1, 80)),
+             k=max(2, 2 * int(rng.integers(1, 3 * block // 2 + 1))), zero_points=bool(rng.random() < 0.3),
+             bias=bool(rng.random() < 0.4), accuracy_level=_pick(rng, (None, None, 0, 1, 4)),
+             rank3=bool(rng.random() < 0.5), tokens=int(_pick(rng, (0, 1, 2, 5, 16, 33, 70))),
+             values=_pick(rng, MMNB_VALUES), tiles=bool(rng.random() < 0.5))
+    c["malformed"] = _pick(rng, MMNB_MALFORMED) if rng.random() < 0.12 else None
+    return c
+
+
+def run_mmnb_case(c) -> str:
+    from conftest import tiles_in_effect
+    from hinamoe.models import MatMulNBitsConfig, build_matmul_nbits_model
+    from hinamoe.models.moe_layer import _ortvalue
+    from quant_reference import matmul_nbits_reference
+
+    rng = np.random.default_rng(c["seed"])
+    cfg = MatMulNBitsConfig(K=c["k"], N=c["n"], bits=c["bits"], block_size=c["block"], dtype=c["dtype"],
+                            zero_points=c["zero_points"], bias=c["bias"], accuracy_level=c["accuracy_level"],
+                            input_rank=3 if c["rank3"] else 2)
+    model, parts = build_matmul_nbits_model(cfg, rng)
+    dt = np_dtype(cfg.dtype)
+    t = c["tokens"]
+    a = rng.standard_normal((1, t, cfg.K) if c["rank3"] else (t, cfg.K)).astype(dt)
+    flat = a.reshape(-1, cfg.K)
+    kind, what = c["values"], f"mmnb case {c}"
+    if t > 0 and kind in ("nan_a", "inf_a", "max_a"):
+        flat[int(rng.integers(t)), int(rng.integers(cfg.K))] = _special(kind[:-2] if kind != "max_a" else "max", cfg.dtype)
+    inits = {i.name: i for i in model.graph.initializer}
+    if t > 0 and kind == "nan_scale":
+        parts["scales"][int(rng.integers(cfg.N)), int(rng.integers(cfg.blocks))] = np.nan
+        _replace_initializer(model, "mmnb.scales", parts["scales"].reshape(-1))
+    broken = None
+    m = c.get("malformed")
+    if m == "scales_size":
+        _replace_initializer(model, "mmnb.scales", parts["scales"].reshape(-1)[:-1].copy())
+        broken = ("scales",)
+    elif m == "zp_size" and "mmnb.zero_points" in inits:
+        _replace_initializer(model, "mmnb.zero_points", np.zeros(1, np.uint8))
+        broken = ("zero_points",)
+    elif m in ("bits_2", "block_not_pow2"):
+        for attr in model.graph.node[0].attribute:
+            if m == "bits_2" and attr.name == "bits":
+                attr.i = 2
+            if m == "block_not_pow2" and attr.name == "block_size":
+                attr.i = c["block"] + c["block"] // 2
+        broken = ("bits", "block_size", "MatMulNBits")
+    options = {**_session_options(c), "bf16_tiles": "auto" if c["tiles"] else "off"}
+
+    def hina():
+        sess = hina_session(model, isa=c["isa"], threads=c["threads"], extra_options=options)
+        binding = sess.io_binding()
+        ov_a = _ortvalue(a)
+        binding.bind_ortvalue_input("A", ov_a)
+        y = np.full(a.shape[:-1] + (cfg.N,), np.nan, dtype=dt)  # poisoned
+        ov_y = _ortvalue(y)
+        binding.bind_ortvalue_output("Y", ov_y)
+        sess.run_with_iobinding(binding)
+        return y
+
+    got, err = _run(hina)
+    if broken is not None:
+        assert err is not None, f"{what}: malformed ({m}) accepted"
+        assert any(n in err for n in broken) or "node" in err, f"{what}: the error does not say why: {err}"
+        return "refused: " + err[-120:]
+    assert err is None, f"{what}: HinaMoE refused: {err}"
+    if t == 0:
+        assert got.shape == a.shape[:-1] + (cfg.N,)
+        return "ok (empty)"
+    tiles = c["tiles"] and tiles_in_effect(c["isa"], t, c["accuracy_level"])
+    i8 = c["accuracy_level"] == 4 and cfg.blocks > 1 and not tiles
+    ref = matmul_nbits_reference(a, parts, int8_tokens=i8, bf16=tiles).reshape(t, -1)
+    g = got.astype(np.float64).reshape(t, -1)
+    if kind in ("nan_a", "inf_a", "nan_scale"):
+        bad = ~np.isfinite(ref)
+        assert (~np.isfinite(g[bad])).all(), f"{what}: a non-finite input gave a finite output"
+        keep = ~bad.any(1) if kind != "nan_scale" else ~bad.any(0)
+        ref, g = (ref[keep], g[keep]) if kind != "nan_scale" else (ref[:, keep], g[:, keep])
+    elif kind == "max_a":  # float32: the same overflow as float64's float32 rounding (bf16 tiles round it to Inf)
+        if cfg.dtype == "float32" and not tiles:
+            assert (np.isfinite(g) == np.isfinite(ref.astype(np.float32))).all(), f"{what}: overflow differs"
+        return "ok (max)"
+    # int8 tokens: a code step of the largest |A| per block (cf. test_matmul_nbits)
+    moe_check_close(g, ref, cfg.dtype, what + " vs float64 reference", 2000.0 if i8 else 1.0)
+    return "ok"
+
+
 # ------------------------------------------------------------------ registry
 
 # op -> (generator, runner)
-OPS = {"moe": (gen_moe, run_moe_case), "gqa": (gen_gqa, run_gqa_case), "qmoe": (gen_qmoe, run_qmoe_case)}
+OPS = {"moe": (gen_moe, run_moe_case), "gqa": (gen_gqa, run_gqa_case), "qmoe": (gen_qmoe, run_qmoe_case),
+       "mmnb": (gen_mmnb, run_mmnb_case)}
 
 
 def generate(op: str, rng) -> dict:

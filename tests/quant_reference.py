@@ -14,6 +14,10 @@ from the ops' definitions:
   mixed with router_weights (renormalised when normalize_routing_weights=1);
   ``qmoe_reference_int8_activations`` also rounds the expert inputs to int8
   per block, as ORT's CPU EP does for block-wise 8-bit experts by default;
+* ``matmul_nbits_reference``: a MatMulNBits node's Y in float64 from the
+  codes, scales and zero points a builder drew (before packing), with the
+  tokens rounded to int8 (accuracy_level 4) or both operands to bf16 (the
+  tile kernel) where asked;
 * ``dequantised_twin``: the same model with every QMoE turned back into a
   float MoE and every MatMulNBits into a MatMul on the dequantised weights:
   what the quantised model must compute, run by other kernels.
@@ -21,6 +25,7 @@ from the ops' definitions:
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -135,6 +140,34 @@ def qmoe_reference_int8_activations(x: np.ndarray, logits: np.ndarray, node: ir.
                 y = y + w["fc2_bias"][e]
             out[t] += weights[t, j] * y
     return out.reshape(np.shape(x))
+
+
+def matmul_nbits_reference(a: np.ndarray, parts: dict, int8_tokens: bool = False, bf16: bool = False) -> np.ndarray:
+    """float64 Y = A @ W^T (+ bias), W[n, k] = (code - zp) * scale of k's block.
+    int8_tokens: A rounded to int8 per block (accuracy_level 4); bf16: W (as
+    float32 computes it) and A rounded to bf16, as the tile kernel takes them."""
+    bs, bits = parts["block_size"], parts["bits"]
+    codes = parts["codes"]
+    K = codes.shape[1]
+    blk = np.arange(K) // bs
+    zp = parts["zero_points"]
+    zp = np.full(parts["scales"].shape, 2 ** (bits - 1)) if zp is None else zp
+    scales = parts["scales"].astype(np.float64)
+    x = np.asarray(a, np.float64)
+    if bf16:
+        w32 = (codes.astype(np.float32) - zp[:, blk].astype(np.float32)) * scales[:, blk].astype(np.float32)
+        w = w32.astype(ml_dtypes.bfloat16).astype(np.float64)
+        x = np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+    else:
+        w = (codes - zp[:, blk]) * scales[:, blk]
+    if int8_tokens and not bf16 and K > bs:
+        pad = (-K) % bs
+        xp = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
+        x = int8_rounded(xp, bs)[..., :K]
+    y = x @ w.T
+    if parts["bias"] is not None:
+        y = y + parts["bias"].astype(np.float64)
+    return y
 
 
 def _init(graph: ir.Graph, name: str, arr: np.ndarray) -> ir.Value:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -19,35 +18,7 @@ from conftest import hina_session as _hina_session
 from hinamoe.models import MatMulNBitsConfig, build_matmul_nbits_model
 from hinamoe.models.moe_layer import _ortvalue, np_dtype
 from moe_reference import check_close
-from quant_reference import int8_rounded
-
-
-def reference(a: np.ndarray, parts: dict, int8_tokens: bool = False, bf16: bool = False) -> np.ndarray:
-    """float64 Y = A @ W^T (+ bias), W[n, k] = (code - zp) * scale of k's block.
-    int8_tokens: A rounded to int8 per block (accuracy_level 4); bf16: W (as
-    float32 computes it) and A rounded to bf16, as the tile kernel takes them."""
-    bs, bits = parts["block_size"], parts["bits"]
-    codes = parts["codes"]
-    K = codes.shape[1]
-    blk = np.arange(K) // bs
-    zp = parts["zero_points"]
-    zp = np.full(parts["scales"].shape, 2 ** (bits - 1)) if zp is None else zp
-    scales = parts["scales"].astype(np.float64)
-    x = np.asarray(a, np.float64)
-    if bf16:
-        w32 = (codes.astype(np.float32) - zp[:, blk].astype(np.float32)) * scales[:, blk].astype(np.float32)
-        w = w32.astype(ml_dtypes.bfloat16).astype(np.float64)
-        x = np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
-    else:
-        w = (codes - zp[:, blk]) * scales[:, blk]
-    if int8_tokens and not bf16 and K > bs:
-        pad = (-K) % bs
-        xp = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
-        x = int8_rounded(xp, bs)[..., :K]
-    y = x @ w.T
-    if parts["bias"] is not None:
-        y = y + parts["bias"].astype(np.float64)
-    return y
+from quant_reference import matmul_nbits_reference as reference
 
 
 def hina_session(model, **kw):
