@@ -15,6 +15,22 @@ hinamoe::DType to_dtype(ONNXTensorElementDataType t) {
   }
 }
 
+KernelInputs read_inputs(Ort::KernelContext& ctx, int n) {
+  KernelInputs in;
+  in.value.assign(size_t(n), Ort::ConstValue{nullptr});
+  in.shape.resize(size_t(n));
+  in.elem.assign(size_t(n), ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED);
+  const size_t count = ctx.GetInputCount();
+  for (size_t i = 0; i < size_t(n) && i < count; ++i) {
+    in.value[i] = ctx.GetInput(i);
+    if (in.value[i] == nullptr) continue;
+    const auto info = in.value[i].GetTensorTypeAndShapeInfo();
+    in.shape[i] = info.GetShape();
+    in.elem[i] = info.GetElementType();
+  }
+  return in;
+}
+
 std::string shape_str(const std::vector<int64_t>& s) {
   std::ostringstream os;
   os << "[";

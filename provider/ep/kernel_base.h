@@ -16,6 +16,15 @@ namespace hinamoe_ep {
 // T of a float tensor (float16, bfloat16; anything else as float32).
 hinamoe::DType to_dtype(ONNXTensorElementDataType t);
 
+// The first n inputs of a node as ORT hands them over: values (null where
+// absent or beyond the node's inputs), shapes and element types.
+struct KernelInputs {
+  std::vector<Ort::ConstValue> value;
+  std::vector<std::vector<int64_t>> shape;
+  std::vector<ONNXTensorElementDataType> elem;
+};
+KernelInputs read_inputs(Ort::KernelContext& ctx, int n);
+
 // "[2, 3, 4]", for error messages.
 std::string shape_str(const std::vector<int64_t>& s);
 

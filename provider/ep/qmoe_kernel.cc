@@ -33,17 +33,10 @@ struct QMoEKernel : KernelBase<QMoEKernel> {
 
 OrtStatus* QMoEKernel::compute(OrtKernelContext* context) const {
   Ort::KernelContext ctx(context);
-  const size_t n_in = ctx.GetInputCount();
-  std::vector<Ort::ConstValue> in(kInputs, Ort::ConstValue{nullptr});
-  std::vector<std::vector<int64_t>> shape(kInputs);
-  std::vector<ONNXTensorElementDataType> elem(kInputs, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED);
-  for (size_t i = 0; i < size_t(kInputs) && i < n_in; ++i) {
-    in[i] = ctx.GetInput(i);
-    if (in[i] == nullptr) continue;
-    const auto info = in[i].GetTensorTypeAndShapeInfo();
-    shape[i] = info.GetShape();
-    elem[i] = info.GetElementType();
-  }
+  KernelInputs inputs = read_inputs(ctx, kInputs);
+  const auto& in = inputs.value;
+  const auto& shape = inputs.shape;
+  const auto& elem = inputs.elem;
   for (int i : {0, 1, 2, 3, 5, 6}) {
     if (in[i] == nullptr) return error(kInputNames[i], "is required");
   }
