@@ -36,6 +36,11 @@ def _block_model(graph: ir.Graph, inputs: list[ir.Value], output: ir.Value,
                  opset_version: int, ir_version: int) -> bytes:
     sub = ir.convenience.extract(graph, inputs=inputs, outputs=[output])
     sub.opset_imports.setdefault("", opset_version)
+    # Weights in the export's external data file are read in here: a model
+    # handed to ORT as bytes finds no file next to it.
+    for value in sub.initializers.values():
+        if isinstance(value.const_value, ir.ExternalTensor):
+            value.const_value = ir.tensor(value.const_value.numpy(), name=value.const_value.name)
     model = ir.Model(sub, ir_version=ir_version)
     return ir.to_proto(model).SerializeToString()
 

@@ -109,6 +109,31 @@ def test_fma_probe_is_physical():
         hinamoe.measure_fma_peak(threads=1, bits=128)
 
 
+def test_tile_peak_probe():
+    """TDPBF16PS / TDPBUSD multiply-adds per second where AMX runs (a
+    TDPBF16PS is 8192 of them: between one per 64 and one per 4 cycles at
+    1-6 GHz), a clear error elsewhere."""
+    import hinamoe
+
+    if hinamoe.tier_unavailable_reason("amx"):
+        with pytest.raises(RuntimeError, match="needs AMX"):
+            hinamoe.measure_tile_peak(threads=1)
+        return
+    bf16 = hinamoe.measure_tile_peak(threads=1)
+    assert 8192 / 64 * 1e9 < bf16 < 8192 / 4 * 6e9
+    assert 0.8 * bf16 < hinamoe.measure_tile_peak(threads=1, kind="int8") < 2.6 * bf16  # 16x16x64 per TDPBUSD
+    with pytest.raises(ValueError):
+        hinamoe.measure_tile_peak(kind="fp8")
+
+
+def test_points_on_tiles():
+    from hinamoe.bench.common import on_tiles
+
+    assert on_tiles("amx", "bf16", 1) and on_tiles("amx", "int4", 16) and not on_tiles("amx", "int4", 15)
+    assert on_tiles("amx", "int8-al4", 64) and not on_tiles("amx", "int4-al4", 63)
+    assert not on_tiles("amx", "f32", 64) and not on_tiles("avx512", "bf16", 64) and not on_tiles(None, "int4", 64)
+
+
 def test_roofline_width_follows_the_tier():
     from hinamoe.bench.common import fma_bits_for_tier
 

@@ -174,3 +174,35 @@ def test_dense_partial_match_left_unfused(mutate, rng):
     [skip] = report.skipped
     assert DENSE_PARTIAL_MATCHES[mutate] in skip["reason"], skip
     assert op_counts(fused) == op_counts(model)
+
+
+def test_check_reads_weights_from_external_data(tmp_path, rng, monkeypatch):
+    """A model saved with its weights in an external data file (every export
+    above 2 GB): the fusion check cuts the block out with the weights read
+    in, so ORT runs it from bytes wherever the process runs (it once looked
+    for model.onnx_data in the working directory, failed, and left every
+    layer unfused)."""
+    import onnx
+    import onnx_ir as ir
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hinamoe.graph_passes import moe_verify
+
+    w = rng.standard_normal((8, 5)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])],
+                              initializer=[numpy_helper.from_array(w, "w")])
+    path = tmp_path / "m" / "model.onnx"
+    path.parent.mkdir()
+    onnx.save(helper.make_model(graph), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="model.onnx_data", size_threshold=0)
+    model = ir.load(str(path))
+    assert isinstance(model.graph.initializers["w"].const_value, ir.ExternalTensor)
+    monkeypatch.chdir(tmp_path)  # not the model's folder
+    data = moe_verify._block_model(model.graph, [model.graph.inputs[0]], model.graph.outputs[0], 18, 10)
+    assert not any(t.data_location == TensorProto.EXTERNAL for t in onnx.load_from_string(data).graph.initializer)
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    got = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, x @ w, rtol=1e-5, atol=1e-5)

@@ -14,6 +14,7 @@
 
 #include "bandwidth.h"
 #include "fma_peak.h"
+#include "amx/tile_peak.h"
 #include "gqa/gqa.h"
 #include "moe_ffn.h"
 #include "numa/topology.h"
@@ -112,6 +113,14 @@ double hinamoe_read_probe_pass_gbs(HinamoeReadProbe* probe) {
 size_t hinamoe_read_probe_bytes(const HinamoeReadProbe* probe) { return probe ? probe->bytes() : 0; }
 
 void hinamoe_read_probe_free(HinamoeReadProbe* probe) { delete probe; }
+
+double hinamoe_tile_peak_per_s(int threads, int int8) {
+  try {
+    return tile_peak_per_s(threads, int8 != 0);
+  } catch (...) {
+    return 0.0;
+  }
+}
 
 double hinamoe_fma_peak_per_s(int threads, int bits) {
   try {

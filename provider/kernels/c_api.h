@@ -46,6 +46,9 @@ HINAMOE_API void hinamoe_read_probe_free(HinamoeReadProbe* probe);
    independent FMA chains of `bits` (256 or 512) -- the compute roofline; 0
    where the CPU lacks them. */
 HINAMOE_API double hinamoe_fma_peak_per_s(int threads, int bits);
+// AMX multiply-adds per second on `threads` threads (TDPBF16PS, or TDPBUSD
+// when int8 != 0); 0 where this process cannot run AMX.
+HINAMOE_API double hinamoe_tile_peak_per_s(int threads, int int8);
 
 /* Best tier this CPU runs ("amx", "avx512", "avx2" or "ref"). Static string. */
 HINAMOE_API const char* hinamoe_best_tier(void);

@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 __all__ = [
     "get_library_path", "get_ep_name", "get_ep_names", "register", "get_ep_devices",
     "best_tier", "gqa_tier", "tier_unavailable_reason", "measure_read_bandwidth", "ReadProbe", "measure_fma_peak",
+    "measure_tile_peak",
     "numa_plan", "NumaPlan", "numa_nodes",
 ]
 
@@ -63,7 +64,7 @@ def get_ep_devices() -> list:
     return [d for d in _ort.get_ep_devices() if d.ep_name == _EP_NAME]
 
 
-from ._native import (NumaPlan, ReadProbe, best_tier, gqa_tier, measure_fma_peak,  # noqa: E402
+from ._native import (NumaPlan, ReadProbe, best_tier, gqa_tier, measure_fma_peak, measure_tile_peak,  # noqa: E402
                       measure_read_bandwidth, numa_nodes, numa_plan, tier_unavailable_reason)
 
 register()

@@ -24,6 +24,8 @@ def _lib() -> ctypes.CDLL:
     lib.hinamoe_read_probe_bytes.restype = ctypes.c_size_t
     lib.hinamoe_read_probe_free.argtypes = [ctypes.c_void_p]
     lib.hinamoe_read_probe_free.restype = None
+    lib.hinamoe_tile_peak_per_s.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.hinamoe_tile_peak_per_s.restype = ctypes.c_double
     lib.hinamoe_fma_peak_per_s.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.hinamoe_fma_peak_per_s.restype = ctypes.c_double
     lib.hinamoe_best_tier.argtypes = []
@@ -118,6 +120,19 @@ class ReadProbe:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown: the library may be gone
             pass
+
+
+def measure_tile_peak(threads: int = 2, kind: str = "bf16") -> float:
+    """AMX multiply-adds per second that `threads` threads reach together
+    with TDPBF16PS (kind "bf16") or TDPBUSD ("int8"): the compute roofline of
+    the tile kernels. At n tokens per expert, weights cannot stream faster
+    than this / n elements per second."""
+    if kind not in ("bf16", "int8"):
+        raise ValueError(f"kind={kind!r}: 'bf16' or 'int8'")
+    rate = _lib().hinamoe_tile_peak_per_s(threads, 1 if kind == "int8" else 0)
+    if not rate > 0:
+        raise RuntimeError(f"tile-rate probe needs AMX ({tier_unavailable_reason('amx') or 'AMX-INT8'})")
+    return float(rate)
 
 
 def measure_fma_peak(threads: int = 2, bits: int = 256) -> float:

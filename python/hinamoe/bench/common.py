@@ -304,6 +304,34 @@ class FmaProbe(_PerThreadProbe):
         return f"{value / 1e9:.1f} G lane-FMA/s ({self.bits}-bit)"
 
 
+class TileProbe(_PerThreadProbe):
+    """AMX multiply-adds per second per thread count (hinamoe.measure_tile_peak,
+    TDPBF16PS): the compute roofline of the amx tier's tile kernels."""
+
+    what = "tile-rate probe"
+
+    def measure(self, threads: int) -> float:
+        import hinamoe
+
+        return hinamoe.measure_tile_peak(threads=threads, kind="bf16")
+
+    def fmt(self, value: float) -> str:
+        return f"{value / 1e12:.2f} T bf16 multiply-adds/s (TDPBF16PS)"
+
+
+def on_tiles(tier: str | None, dtype: str, tokens_per_expert: int) -> bool:
+    """Whether a `hina-bench ffn` point runs on the amx tier's bf16 tiles: bf16
+    MoE weights always (the HiNa micro-kernel), QMoE from 16 tokens per
+    expert (64 with int8 tokens, the -al4 rows; ops.md)."""
+    if tier != "amx":
+        return False
+    if dtype == "bf16":
+        return True
+    if dtype.startswith("int"):
+        return tokens_per_expert >= (64 if dtype.endswith("-al4") else 16)
+    return False
+
+
 def fma_bits_for_tier(tier: str | None) -> int:
     """The FMA width of a HinaMoE tier's float kernels: 512 on avx512 (and
     amx, whose f32/f16 MoE and QMoE run those), else 256."""
@@ -334,22 +362,26 @@ class MachineProbes:
     the before/after probes is kept as pct_bw_max_probe."""
 
     def __init__(self, threads: list[int], bw_bytes: int, quick: bool, interleave: bool = True,
-                 fma_bits: int = 256):
+                 fma_bits: int = 256, tiles: bool = False):
         self.interleave = interleave
         self.load = OtherLoad()
         self.bandwidth = BandwidthProbe(threads, bw_bytes, repeats=3 if quick else 5)
         self.fma = FmaProbe(threads, fma_bits)
+        self.tile = TileProbe(threads) if tiles else None
         self.others: float | None = None
         self._probe()
 
     def _probe(self) -> None:
         self.bandwidth.probe()
         self.fma.probe()
+        if self.tile is not None:
+            self.tile.probe()
 
     def describe(self, when: str) -> str:
+        tile = f"\ntile peak ({when}): {self.tile.describe()}" if self.tile is not None else ""
         return (f"read bandwidth ({when}; {self.bandwidth.nbytes / 2 ** 20:.0f} MiB passes): "
                 f"{self.bandwidth.describe()}\n"
-                f"FMA peak ({when}): {self.fma.describe()}")
+                f"FMA peak ({when}): {self.fma.describe()}" + tile)
 
     def between(self, threads: int) -> InterleavedProbe | None:
         """Passes to take after each timed run of a point on `threads` threads
@@ -382,15 +414,20 @@ class MachineProbes:
         self.others = self.load.cores_used()
         self.bandwidth.close()
 
-    def rate(self, point, bytes_per_elem: int, fmas_per_elem: int) -> None:
+    def rate(self, point, bytes_per_elem: int, fmas_per_elem: int, tiles: bool = False) -> None:
         """Sets point.pct_bw and the roofline (roof_gbs, pct_roof) from point.gbs
         and its own interleaved probe (point.probe_gbs; without one, the max of
-        the before/after probes), and pct_bw_max_probe against that max."""
+        the before/after probes), and pct_bw_max_probe against that max; the
+        compute roof is the tile rate where the point runs on tiles (and the
+        tile probe ran), else the FMA rate."""
         best = self.bandwidth.best().get(point.threads)
         bw = point.probe_gbs if self.interleave else best
         point.pct_bw = 100.0 * point.gbs / bw if bw else None
         point.pct_bw_max_probe = 100.0 * point.gbs / best if best else None
-        point.roof_gbs = roofline_gbs(bw, self.fma.best().get(point.threads), bytes_per_elem, fmas_per_elem)
+        tile = self.tile.best().get(point.threads) if (tiles and self.tile is not None and self.tile.ok) else None
+        compute = tile or self.fma.best().get(point.threads)
+        point.roof_engine = "tiles" if tile else "fma"
+        point.roof_gbs = roofline_gbs(bw, compute, bytes_per_elem, fmas_per_elem)
         point.pct_roof = 100.0 * point.gbs / point.roof_gbs if point.roof_gbs else None
 
     def warning(self) -> str | None:
@@ -403,6 +440,8 @@ class MachineProbes:
                     bandwidth_probe_bytes=self.bandwidth.nbytes,
                     fma_peak_per_s={str(k): v for k, v in self.fma.best().items()},
                     fma_vector_bits=self.fma.bits,
+                    tile_peak_per_s=({str(k): v for k, v in self.tile.best().items()}
+                                     if self.tile is not None else None),
                     other_processes_cores=self.others,
                     interleaved_probe=self.interleave,
                     pct_bw_basis=("pct_bw, roof_gbs: against the point's probe_gbs (median of one "

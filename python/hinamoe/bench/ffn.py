@@ -19,7 +19,7 @@ import numpy as np
 from .. import __version__
 from . import cpu_mask
 from .common import (MachineProbes, cpu_name, csv, fma_bits_for_tier, hinamoe_tier, l3_bytes, make_session,
-                     probe_bytes, rewarm)
+                     on_tiles, probe_bytes, rewarm)
 
 NAME = "ffn"
 HELP = "time a single MoE FFN node at real expert shapes (HinaMoE vs ORT CPU EP and llama.cpp's ggml)"
@@ -46,7 +46,10 @@ as a % of the roofline min(probe_gbs, FMA peak x bytes per weight / n) -- at
 n tokens per expert each weight takes n FMAs, so from a few tokens on the
 cores' FMA rate (hinamoe.measure_fma_peak(threads, bits) on the vectors of
 the HinaMoE tier's kernels: 512-bit on avx512 and amx, else 256; probed
-before and after the points, the larger value used) bounds the stream. %BWmax (JSON:
+before and after the points, the larger value used) bounds the stream;
+on the amx tier, points that run on bf16 tiles (bf16 MoE; QMoE from 16
+tokens per expert, 64 on the -al4 rows) use the tile rate instead
+(hinamoe.measure_tile_peak: TDPBF16PS multiply-adds/s; JSON roof_engine). %BWmax (JSON:
 pct_bw_max_probe) is the older comparison, against the larger of the read
 bandwidths probed before and after all points. --no-probe-between times the
 runs back to back without probe passes and compares with that larger value.
@@ -174,7 +177,8 @@ class Point:
     probe_passes_gbs: list = field(default_factory=list)
     pct_bw: float | None = None  # of probe_gbs
     pct_bw_max_probe: float | None = None  # of the max of the probes before/after all points
-    roof_gbs: float | None = None  # min(probe_gbs, FMA peak x bytes per weight / n)
+    roof_gbs: float | None = None  # min(probe_gbs, compute peak x bytes per weight / n)
+    roof_engine: str | None = None  # the compute peak's: "fma" or "tiles" (amx tier)
     pct_roof: float | None = None
     speedup_vs_cpu_same: float | None = None
     speedup_vs_cpu_f32: float | None = None
@@ -298,7 +302,8 @@ def run(args) -> int:
 
     l3 = l3_bytes()
     probes = MachineProbes(threads, probe_bytes(args.bw_bytes, l3), quick,
-                           interleave=not args.no_probe_between, fma_bits=fma_bits_for_tier(tier))
+                           interleave=not args.no_probe_between, fma_bits=fma_bits_for_tier(tier),
+                           tiles=tier == "amx")
     print(f"machine: {cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
           f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa}"
           + (f", numa=fake:{args.numa_sim}" if args.numa_sim else "") + ")")
@@ -464,7 +469,8 @@ def run(args) -> int:
     probes.finish()
     for p in points:  # each weight element takes one FMA per token
         item = QUANT_LABELS[p.dtype][0] / 8 if p.dtype in QUANT_LABELS else np_dtype(canon_dtype(p.dtype)).itemsize
-        probes.rate(p, item, p.tokens_per_expert)
+        probes.rate(p, item, p.tokens_per_expert,
+                    tiles=p.ep == "HinaMoE" and on_tiles(tier, p.dtype, p.tokens_per_expert))
     _fill_speedups(points)
     # the max_rel_diff is recorded on the second EP's point; copy to HinaMoE's
     for p in points:

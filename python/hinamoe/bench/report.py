@@ -46,7 +46,8 @@ def print_table(points) -> None:
     print("n/exp = tokens per active expert; T = tokens; GB/s = weight bytes touched (model "
           "dtype) / median time;\n" + _bw_note(points) + ";\n"
           "%BWmax = of the max of the read-bandwidth probes before/after all points;\n"
-          "%roof = of min(the read bandwidth %BW uses, FMA peak x bytes per weight / n/exp);\n"
+          "%roof = of min(the read bandwidth %BW uses, compute peak x bytes per weight / n/exp): the FMA peak,\n"
+          "  or on the amx tier's tile points (bf16; QMoE from 16 tokens per expert, 64 on -al4) the tile peak;\n"
           "x CPU = speed-up over ORT's CPU EP on the same dtype, x CPUf32 = over the CPU EP's f32 model;\n"
           "x ggml = ggml time / HinaMoE time (> 1: HinaMoE faster; EP ggml = llama.cpp's MoE FFN on ggml);\n"
           "diff = max |HinaMoE - CPU EP| / max |CPU EP| on the same inputs.")
