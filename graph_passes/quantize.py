@@ -216,8 +216,11 @@ def _moe_nodes(graph: ir.Graph, op: str) -> list[ir.Node]:
 
 
 def apply(model: ir.Model, *, dtype: str | None = None, block_size: int | None = None,
-          progress: bool = False, **_options) -> PassReport:
-    """Quantises `model` in place for dtype "int4"/"int8" (else does nothing)."""
+          accuracy_level: int | None = None, progress: bool = False, **_options) -> PassReport:
+    """Quantises `model` in place for dtype "int4"/"int8" (else does nothing).
+    accuracy_level (0-4; None: the attribute absent) goes on every QMoE and
+    MatMulNBits node written: 4 lets the kernels quantise the tokens to int8
+    per block, as llama.cpp does for its Q4_0 / Q8_0 dot products."""
     report = PassReport(NAME)
     bits = quant_bits(dtype)
     if bits is None:
@@ -262,6 +265,11 @@ def apply(model: ir.Model, *, dtype: str | None = None, block_size: int | None =
     for router in sorted(routers, key=lambda n: n.name or ""):
         report.skipped.append({"where": router.name, "reason": "router stays float: a few KB, and "
                                "rounding it would move tokens to other experts"})
+    if accuracy_level is not None:
+        if accuracy_level not in range(5):
+            raise QuantizeError(f"accuracy_level {accuracy_level!r}: expected 0-4")
+        for node in _moe_nodes(graph, "QMoE") + _moe_nodes(graph, "MatMulNBits"):
+            node.attributes["accuracy_level"] = ir.AttrInt64("accuracy_level", accuracy_level)
     if report.fused:
         graph.opset_imports.setdefault(MS_DOMAIN, 1)
         import onnx_ir.passes.common as common_passes

@@ -121,6 +121,8 @@ def test_bad_options(tiny_export, tmp_path, capsys):
     ckpt = tiny_export.checkpoint("mixtral")
     code, _, err = _run_cli([ckpt, tmp_path / "o", "--no-fuse", "--dtype", "bf16"], capsys)
     assert code == 2 and "needs fusion" in err
+    code, _, err = _run_cli([ckpt, tmp_path / "o", "--accuracy-level", "4"], capsys)
+    assert code == 2 and "--accuracy-level" in err and "int4" in err
     with pytest.raises(SystemExit) as e:
         cli.main([str(ckpt), str(tmp_path / "o"), "--dtype", "int3"])
     assert e.value.code == 2

@@ -326,3 +326,30 @@ def test_quantise_in_chunks_same_as_at_once(rng, monkeypatch):
     chunked = quantize._quantise_weight(w, 4, 32)
     np.testing.assert_array_equal(chunked[0], whole[0])
     np.testing.assert_array_equal(chunked[1], whole[1])
+
+
+@pytest.mark.parametrize("level", [None, 0, 4])
+def test_accuracy_level_on_every_quantised_node(level, rng):
+    """hina-export --accuracy-level: the attribute on every QMoE and
+    MatMulNBits node (absent without it), and HinaMoE then runs the block
+    with int8 tokens (accuracy_level 4) within int8 accuracy of float64."""
+    hidden = 64
+    weights = random_block_weights(rng, hidden, 32, 4, shared_inter=24)
+    model, _ = run_passes(build_unfused_block(weights, 2, normalize=True), dtype="int4", block_size=32,
+                          accuracy_level=level)
+    nodes = _nodes(model, "QMoE") + _nodes(model, "MatMulNBits")
+    assert {n.op_type for n in nodes} == {"QMoE", "MatMulNBits"}
+    for n in nodes:
+        attr = n.attributes.get("accuracy_level")
+        assert (attr is None) if level is None else (attr.value == level), (n.name, attr)
+    x = rng.standard_normal((1, 5, hidden)).astype(np.float32)
+    data = as_bytes(model)
+    want = cpu_session(data).run(None, {"hidden": x})[0]
+    got = hina_session(data, no_fallback=False, cpu_fallback_provider=True).run(None, {"hidden": x})[0]
+    check_close(got, want.astype(np.float64), "float32", "HinaMoE vs CPU EP", factor=2000.0 if level == 4 else 2.0)
+
+
+def test_accuracy_level_out_of_range(rng):
+    weights = random_block_weights(rng, 64, 32, 4)
+    with pytest.raises(quantize.QuantizeError, match="accuracy_level"):
+        run_passes(build_unfused_block(weights, 2, normalize=True), dtype="int4", block_size=32, accuracy_level=7)

@@ -37,6 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=None, metavar="N",
                    help="int4/int8: quantisation block along K, a power of two >= 16 that divides"
                         " the experts' hidden and intermediate sizes (default 32)")
+    p.add_argument("--accuracy-level", type=int, default=None, choices=range(5), metavar="L",
+                   help="int4/int8: the accuracy_level of every QMoE and MatMulNBits node (ORT's"
+                        " lowest precision allowed for the activations: 4 = int8 tokens per block,"
+                        " the arithmetic of llama.cpp's Q4_0/Q8_0 and onnxruntime-genai's"
+                        " MatMulNBits, faster decode; absent by default: float tokens)")
     p.add_argument("--no-fuse", action="store_true",
                    help="write optimum's export as is (no graph passes): the reference graph")
     p.add_argument("--opset", type=int, default=None,
@@ -61,7 +66,7 @@ def run(args) -> int:
         path, report = export(args.model_dir, args.output_dir, dtype=args.dtype,
                               fuse_graph=not args.no_fuse, opset=args.opset, validate=args.validate,
                               progress=not args.quiet, keep_unfused=args.keep_unfused,
-                              block_size=args.block_size)
+                              block_size=args.block_size, accuracy_level=args.accuracy_level)
     except ExportError as e:
         print(f"hina-export: error: {e}", file=sys.stderr)
         return 2

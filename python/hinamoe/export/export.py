@@ -49,7 +49,7 @@ def export_unfused(model_dir: str | Path, out_dir: str | Path, *, opset: int | N
 
 
 def fuse(model_path: str | Path, *, dtype: str = "fp32", block_size: int | None = None,
-         progress: bool = False, **options):
+         accuracy_level: int | None = None, progress: bool = False, **options):
     """Runs the graph passes on the exported model; returns (ir.Model, FusionReport).
     int4/int8 quantise it (block_size along K, default 32)."""
     import onnx_ir as ir
@@ -59,7 +59,8 @@ def fuse(model_path: str | Path, *, dtype: str = "fp32", block_size: int | None 
 
     model = ir.load(str(model_path))
     try:
-        return run_passes(model, dtype=dtype, block_size=block_size, progress=progress, **options)
+        return run_passes(model, dtype=dtype, block_size=block_size, accuracy_level=accuracy_level,
+                          progress=progress, **options)
     except QuantizeError as e:
         raise ExportError(str(e)) from None
 
@@ -154,7 +155,7 @@ def copy_configs(sources: list[Path], out_dir: str | Path) -> list[str]:
 def export(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", fuse_graph: bool = True,
            opset: int | None = None, validate: bool = False, progress: bool = True,
            keep_unfused: bool = False, threshold: int = EXTERNAL_DATA_THRESHOLD,
-           block_size: int | None = None):
+           block_size: int | None = None, accuracy_level: int | None = None):
     """The whole hina-export: returns (model path, FusionReport or None when unfused)."""
     from tqdm.auto import tqdm
 
@@ -162,6 +163,8 @@ def export(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", f
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     check_quant_options(ckpt, dtype, block_size, fuse_graph)
+    if accuracy_level is not None and dtype not in INT_DTYPES:
+        raise ExportError("--accuracy-level sets the arithmetic of the 4/8-bit nodes: it needs --dtype int4 or int8")
     if not fuse_graph and dtype != "fp32":
         raise ExportError("--dtype fp16/bf16 converts the fused MoE nodes' weights; it needs fusion"
                           " (drop --no-fuse)")
@@ -179,7 +182,8 @@ def export(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", f
         bar.update()
         if fuse_graph:
             bar.set_postfix_str("graph passes" + (f", quantising to {dtype}" if dtype in INT_DTYPES else ""))
-            model, report = fuse(unfused, dtype=dtype, block_size=block_size, progress=progress)
+            model, report = fuse(unfused, dtype=dtype, block_size=block_size, accuracy_level=accuracy_level,
+                                 progress=progress)
             bar.update()
             bar.set_postfix_str("saving")
             model_path = save_model(model, out, threshold=threshold, progress=progress)
