@@ -220,16 +220,14 @@ OrtStatus* ORT_API_CALL create_gqa_kernel(void*, const OrtKernelInfo* info, OrtK
   *out = nullptr;
   HINA_API_BEGIN
   auto kernel = std::make_unique<GqaKernel>();
-  Ort::ConstKernelInfo ki{info};
-  kernel->node_name = ki.GetNodeName();
-  const OrtEp* ep = nullptr;
-  HINA_RETURN_IF_ERROR(Ort::GetEpApi().KernelInfo_GetEp(info, &ep));
-  std::string why = static_cast<const HinaEp*>(ep)->strict_refusal(kernel->node_name);
+  const HinaEp* ep = nullptr;
+  std::string why;
+  HINA_RETURN_IF_ERROR(creating_ep(info, &kernel->node_name, &ep, &why));
   if (!why.empty()) return kernel->error("", why);
   if (read_gqa_attrs(kernel_info_attrs(info), &kernel->attrs, &why) != AttrVerdict::Ok) return kernel->error("", why);
 
   // The session's "isa" option names the GQA tier too.
-  const std::string& isa = static_cast<const HinaEp*>(ep)->options().isa;
+  const std::string& isa = ep->options().isa;
   kernel->tier = hinamoe::select_gqa_tier(isa, &why);
   if (kernel->tier == nullptr) return kernel->error("", "isa '" + isa + "': " + why);
   *out = kernel.release();

@@ -1,5 +1,7 @@
 #include "kernel_base.h"
 
+#include "ep.h"
+
 #include <algorithm>
 #include <atomic>
 #include <sstream>
@@ -13,6 +15,15 @@ hinamoe::DType to_dtype(ONNXTensorElementDataType t) {
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return hinamoe::DType::BF16;
     default: return hinamoe::DType::F32;
   }
+}
+
+OrtStatus* creating_ep(const OrtKernelInfo* info, std::string* node_name, const HinaEp** ep, std::string* refusal) {
+  *node_name = Ort::ConstKernelInfo{info}.GetNodeName();
+  const OrtEp* base = nullptr;
+  HINA_RETURN_IF_ERROR(Ort::GetEpApi().KernelInfo_GetEp(info, &base));
+  *ep = static_cast<const HinaEp*>(base);
+  *refusal = (*ep)->strict_refusal(*node_name);
+  return nullptr;
 }
 
 KernelInputs read_inputs(Ort::KernelContext& ctx, int n) {

@@ -13,6 +13,13 @@
 
 namespace hinamoe_ep {
 
+class HinaEp;
+
+// Kernel creation's common start: the node's name, the EP creating the
+// kernel, and with strict=1 why that EP refused the node in GetCapability
+// ("" when it runs it; the kernel then reports it as its error).
+OrtStatus* creating_ep(const OrtKernelInfo* info, std::string* node_name, const HinaEp** ep, std::string* refusal);
+
 // T of a float tensor (float16, bfloat16; anything else as float32).
 hinamoe::DType to_dtype(ONNXTensorElementDataType t);
 

@@ -91,15 +91,13 @@ OrtStatus* ORT_API_CALL create_matmul_nbits_kernel(void*, const OrtKernelInfo* i
   *out = nullptr;
   HINA_API_BEGIN
   auto kernel = std::make_unique<MatMulNBitsKernel>();
-  Ort::ConstKernelInfo ki{info};
-  kernel->node_name = ki.GetNodeName();
-  const OrtEp* ep = nullptr;
-  HINA_RETURN_IF_ERROR(Ort::GetEpApi().KernelInfo_GetEp(info, &ep));
-  std::string why = static_cast<const HinaEp*>(ep)->strict_refusal(kernel->node_name);
+  const HinaEp* ep = nullptr;
+  std::string why;
+  HINA_RETURN_IF_ERROR(creating_ep(info, &kernel->node_name, &ep, &why));
   if (!why.empty()) return kernel->error("", why);
   if (read_matmul_nbits_attrs(kernel_info_attrs(info), &kernel->attrs, &why) != AttrVerdict::Ok)
     return kernel->error("", why);
-  const HinaEp::Options& options = static_cast<const HinaEp*>(ep)->options();
+  const HinaEp::Options& options = ep->options();
   kernel->tier = options.tier;
   kernel->attrs.bf16_tiles = kernel->attrs.bf16_tiles && options.bf16_tiles;
   *out = kernel.release();

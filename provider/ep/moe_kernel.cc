@@ -120,10 +120,9 @@ OrtStatus* ORT_API_CALL create_moe_kernel(void*, const OrtKernelInfo* info, OrtK
   HINA_API_BEGIN
   auto kernel = std::make_unique<MoEKernel>();
   Ort::ConstKernelInfo ki{info};
-  kernel->node_name = ki.GetNodeName();
-  const OrtEp* ep = nullptr;
-  HINA_RETURN_IF_ERROR(Ort::GetEpApi().KernelInfo_GetEp(info, &ep));
-  std::string why = static_cast<const HinaEp*>(ep)->strict_refusal(kernel->node_name);
+  const HinaEp* ep = nullptr;
+  std::string why;
+  HINA_RETURN_IF_ERROR(creating_ep(info, &kernel->node_name, &ep, &why));
   if (!why.empty()) return kernel->error("", why);
 
   if (read_moe_attrs(kernel_info_attrs(info), &kernel->attrs, &why) != AttrVerdict::Ok) return kernel->error("", why);
@@ -132,7 +131,7 @@ OrtStatus* ORT_API_CALL create_moe_kernel(void*, const OrtKernelInfo* info, OrtK
   why = k_exceeds_static_experts(ki, kernel->attrs.k);
   if (!why.empty()) return kernel->error("", why);
 
-  const HinaEp::Options& options = static_cast<const HinaEp*>(ep)->options();
+  const HinaEp::Options& options = ep->options();
   kernel->tier = options.tier;
   kernel->topology = options.topology;
   *out = kernel.release();

@@ -159,15 +159,14 @@ OrtStatus* ORT_API_CALL create_qmoe_kernel(void*, const OrtKernelInfo* info, Ort
   HINA_API_BEGIN
   auto kernel = std::make_unique<QMoEKernel>();
   Ort::ConstKernelInfo ki{info};
-  kernel->node_name = ki.GetNodeName();
-  const OrtEp* ep = nullptr;
-  HINA_RETURN_IF_ERROR(Ort::GetEpApi().KernelInfo_GetEp(info, &ep));
-  std::string why = static_cast<const HinaEp*>(ep)->strict_refusal(kernel->node_name);
+  const HinaEp* ep = nullptr;
+  std::string why;
+  HINA_RETURN_IF_ERROR(creating_ep(info, &kernel->node_name, &ep, &why));
   if (!why.empty()) return kernel->error("", why);
   if (read_qmoe_attrs(kernel_info_attrs(info), &kernel->attrs, &why) != AttrVerdict::Ok) return kernel->error("", why);
   why = k_exceeds_static_experts(ki, kernel->attrs.moe.k);
   if (!why.empty()) return kernel->error("", why);
-  const HinaEp::Options& options = static_cast<const HinaEp*>(ep)->options();
+  const HinaEp::Options& options = ep->options();
   kernel->tier = options.tier;
   kernel->topology = options.topology;
   if (options.qmoe_int8_activations >= 0) kernel->attrs.int8_activations = options.qmoe_int8_activations == 1;
