@@ -109,14 +109,16 @@ def available_isas() -> list[str]:
     return [isa for isa in ("ref", "avx2", "avx512", "amx", "amx-emu") if not hinamoe.tier_unavailable_reason(isa)]
 
 
-def tiles_in_effect(isa: str, tokens: int, accuracy_level: int | None = None) -> bool:
+def tiles_in_effect(isa: str, tokens: int, accuracy_level: int | None = None, bits: int = 4) -> bool:
     """Whether QMoE / MatMulNBits run a group of `tokens` tokens on the bf16
     tile kernel (weights and tokens rounded to bf16): the amx tiers, from
-    16 tokens (64 at accuracy_level 4, where the int8-token kernels run
-    below), where accuracy_level allows bf16 (absent, 0, 3, 4)."""
+    16 tokens for 4-bit weights and 32 for 8-bit (64 and 128 at
+    accuracy_level 4, where the int8-token kernels run below), where
+    accuracy_level allows bf16 (absent, 0, 3, 4)."""
     tier = hinamoe.best_tier() if isa == "auto" else isa
     level = accuracy_level or 0
-    return tier in ("amx", "amx-emu") and tokens >= (64 if level == 4 else 16) and level not in (1, 2)
+    least = (64 if level == 4 else 16) * (2 if bits == 8 else 1)
+    return tier in ("amx", "amx-emu") and tokens >= least and level not in (1, 2)
 
 
 def require_isa(isa: str) -> None:

@@ -779,7 +779,7 @@ def run_mmnb_case(c) -> str:
     if t == 0:
         assert got.shape == a.shape[:-1] + (cfg.N,)
         return "ok (empty)"
-    tiles = c["tiles"] and tiles_in_effect(c["isa"], t, c["accuracy_level"])
+    tiles = c["tiles"] and tiles_in_effect(c["isa"], t, c["accuracy_level"], c["bits"])
     i8 = c["accuracy_level"] == 4 and cfg.blocks > 1 and not tiles
     ref = matmul_nbits_reference(a, parts, int8_tokens=i8, bf16=tiles).reshape(t, -1)
     g = got.astype(np.float64).reshape(t, -1)

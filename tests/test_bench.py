@@ -130,7 +130,8 @@ def test_points_on_tiles():
     from hinamoe.bench.common import on_tiles
 
     assert on_tiles("amx", "bf16", 1) and on_tiles("amx", "int4", 16) and not on_tiles("amx", "int4", 15)
-    assert on_tiles("amx", "int8-al4", 64) and not on_tiles("amx", "int4-al4", 63)
+    assert on_tiles("amx", "int4-al4", 64) and not on_tiles("amx", "int4-al4", 63)
+    assert on_tiles("amx", "int8", 32) and not on_tiles("amx", "int8", 16) and not on_tiles("amx", "int8-al4", 64)
     assert not on_tiles("amx", "f32", 64) and not on_tiles("avx512", "bf16", 64) and not on_tiles(None, "int4", 64)
 
 

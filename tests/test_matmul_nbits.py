@@ -81,7 +81,8 @@ def test_float_path_vs_reference(isa, bits, K, block, zero_points, rng):
     assert sess.get_providers()[0] == "HinaMoE"
     for m in (1, int(rng.integers(2, 9)), int(rng.integers(16, 40))):
         a = _inputs(cfg, m, rng)
-        check_close(run(sess, a, cfg.N), reference(a, parts, bf16=tiles_in_effect(isa, m)), "float32", f"{isa} M={m}")
+        check_close(run(sess, a, cfg.N), reference(a, parts, bf16=tiles_in_effect(isa, m, bits=bits)), "float32",
+                    f"{isa} M={m}")
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -98,7 +99,7 @@ def test_int8_tokens_vs_reference(isa, bits, zero_points, rng):
         a = _off_int8_boundaries(_inputs(cfg, m, rng), cfg.block_size)
         # int8 codes of the kernel (float32) and the reference (float64) may
         # round a value next to a boundary differently: a code step's allowance.
-        check_close(run(sess, a, cfg.N), reference(a, parts, int8_tokens=True, bf16=tiles_in_effect(isa, m, 4)),
+        check_close(run(sess, a, cfg.N), reference(a, parts, int8_tokens=True, bf16=tiles_in_effect(isa, m, 4, bits)),
                     "float32", f"{isa} M={m}", factor=20.0)
 
 
@@ -115,7 +116,7 @@ def test_parity_with_cpu_ep(bits, dtype, accuracy_level, zero_points, rng):
         a = _off_int8_boundaries(_inputs(cfg, m, rng), cfg.block_size)
         out, ref_cpu = run(hina, a, cfg.N), run(cpu, a, cfg.N)
         assert out.dtype == np_dtype(dtype) and out.shape == (1, m, cfg.N)
-        tiles = tiles_in_effect("auto", m, accuracy_level)
+        tiles = tiles_in_effect("auto", m, accuracy_level, bits)
         ours_i8 = accuracy_level == 4 and not tiles
         check_close(out, reference(a, parts, int8_tokens=ours_i8, bf16=tiles), dtype, "HinaMoE vs float64",
                     factor=20.0 if ours_i8 else 1.0)

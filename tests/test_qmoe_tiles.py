@@ -22,7 +22,6 @@ def _case(rng, bits, block, accuracy_level=None, tokens=64, **kw):
                      fc2_bias=True, accuracy_level=accuracy_level, zero_points=bool(rng.integers(2)),
                      activation_alpha=1.702, activation_beta=1.0, swiglu_limit=7.0, **kw)
     model, w = build_qmoe_model(cfg, rng)
-    # ~tokens * k / experts per expert: every expert well above 16.
     x = rng.standard_normal((tokens, cfg.hidden)).astype(np.float32)
     lg = rng.standard_normal((tokens, cfg.experts)).astype(np.float32)
     return cfg, model, w, x, lg
@@ -33,7 +32,8 @@ def _case(rng, bits, block, accuracy_level=None, tokens=64, **kw):
 @pytest.mark.parametrize("block", [0, 32, 128])
 def test_tiles_vs_reference_and_vector_kernels(isa, bits, block, rng):
     require_isa(isa)
-    cfg, model, w, x, lg = _case(rng, bits, block)
+    # ~tokens * k / experts per expert: above 16 (int4) or 32 (int8) tokens
+    cfg, model, w, x, lg = _case(rng, bits, block, tokens=64 if bits == 4 else 160)
     tiles = run_moe(hina_session(model, isa=isa, threads=2, extra_options=TILES_ON), x, lg)
     vector = run_moe(hina_session(model, isa=isa, threads=2, extra_options=OFF), x, lg)
     ref = qmoe_reference(cfg, x, lg, w)

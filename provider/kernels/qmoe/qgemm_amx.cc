@@ -13,10 +13,17 @@ namespace hinamoe {
 namespace {
 
 // Where the bf16 tile kernel takes over from the avx512 ones (float tokens)
-// and from the AVX512-VNNI int8-token ones (docs/kernels.md, measured on a
-// Xeon with AMX: tiles ahead from 16 and 64 tokens).
-constexpr int64_t kTileMinTokens = 16;
-constexpr int64_t kTileMinTokensI8 = 64;
+// and from the AVX512-VNNI int8-token ones, for 4- and 8-bit weights (8-bit
+// codes take longer to turn into bf16): docs/kernels.md.
+constexpr int64_t kTileMinTokens[2] = {16, 32};
+constexpr int64_t kTileMinTokensI8[2] = {64, 128};
+
+void set_tile_min(QuantKernels* t) {
+  for (int b = 0; b < 2; ++b) {
+    t->tile_min_tokens[b] = kTileMinTokens[b];
+    t->tile_min_tokens_i8[b] = kTileMinTokensI8[b];
+  }
+}
 
 using AmxBlockFn = void (*)(const AmxI8Weight&, const AmxI8Tokens&, int64_t, int64_t, float*, int64_t);
 
@@ -78,8 +85,7 @@ const QuantKernels& quant_avx512_tiles() {
     t.name = "avx512+tiles";
     t.gemm_tiles = qgemm_tiles_amx;
     t.tile_tokens = vnni_rows16_avx512;
-    t.tile_min_tokens = kTileMinTokens;
-    t.tile_min_tokens_i8 = kTileMinTokensI8;
+    set_tile_min(&t);
     return t;
   }();
   return q;
@@ -105,8 +111,7 @@ const QuantKernels& quant_amx_emu() {
     t.i8_order = k_order;
     t.gemm_tiles = qgemm_tiles_emu;
     t.tile_tokens = vnni_rows16_ref;
-    t.tile_min_tokens = kTileMinTokens;
-    t.tile_min_tokens_i8 = kTileMinTokensI8;
+    set_tile_min(&t);
     return t;
   }();
   return q;

@@ -187,13 +187,14 @@ struct QuantKernels {
   TokenOrderFn f_order = k_order;
   TokenOrderFn i8_order = k_order;
   // Tiers with a matrix engine: the tile kernel for groups of at least
-  // tile_min_tokens tokens (both bit widths), where the caller allows bf16.
+  // tile_min_tokens tokens ([0]: 4-bit, [1]: 8-bit weights), where the
+  // caller allows bf16.
   // tile_tokens: up to 16 float rows (k order) into a VNNI block of the
   // tile kernel's token layout (amx/qgemm_tiles.h: vnni_rows16_*).
   QGemmTilesFn gemm_tiles = nullptr;
   void (*tile_tokens)(const float* const* rows, int n, int64_t K, int64_t Kp, uint32_t* dst, int64_t ld) = nullptr;
-  int64_t tile_min_tokens = 0;     // float tokens (accuracy_level 0, 3)
-  int64_t tile_min_tokens_i8 = 0;  // where the int8-token kernels run otherwise (accuracy_level 4)
+  int64_t tile_min_tokens[2] = {};     // float tokens (accuracy_level 0, 3)
+  int64_t tile_min_tokens_i8[2] = {};  // where the int8-token kernels run otherwise (accuracy_level 4)
 };
 
 const QuantKernels& quant_ref();
@@ -212,7 +213,7 @@ const QuantKernels& quant_avx512();
 const QuantKernels& quant_amx();
 const QuantKernels& quant_amx_emu();
 // The avx512 kernels with the bf16 tile kernel on AMX for groups of
-// kTileMinTokens tokens or more (the amx tier; only where
+// tile_min_tokens tokens or more (the amx tier; only where
 // amx_unavailable_reason() is "").
 const QuantKernels& quant_avx512_tiles();
 // The quantised kernels a MoE tier runs (amx-emu: AMX-INT8 for int8 tokens,

@@ -49,7 +49,7 @@ struct Operand {
             bool zero_points_, bool bf16_tiles = false) {
     tiles = bf16_tiles ? qk.gemm_tiles : nullptr;
     tile_tokens = qk.tile_tokens;
-    tile_min = int8_ ? qk.tile_min_tokens_i8 : qk.tile_min_tokens;
+    tile_min = (int8_ ? qk.tile_min_tokens_i8 : qk.tile_min_tokens)[bits == 8 ? 1 : 0];
     Kp = (K_ + 31) / 32 * 32;
     if (tiles && R >= tile_min) xv.resize(size_t(R * Kp));
     xpos.clear();

@@ -322,13 +322,15 @@ class TileProbe(_PerThreadProbe):
 def on_tiles(tier: str | None, dtype: str, tokens_per_expert: int) -> bool:
     """Whether a `hina-bench ffn` point runs on the amx tier's bf16 tiles: bf16
     MoE weights always (the HiNa micro-kernel), QMoE from 16 tokens per
-    expert (64 with int8 tokens, the -al4 rows; ops.md)."""
+    expert for int4 and 32 for int8 (64 and 128 with int8 tokens, the -al4
+    rows; ops.md)."""
     if tier != "amx":
         return False
     if dtype == "bf16":
         return True
     if dtype.startswith("int"):
-        return tokens_per_expert >= (64 if dtype.endswith("-al4") else 16)
+        least = (64 if dtype.endswith("-al4") else 16) * (2 if dtype.startswith("int8") else 1)
+        return tokens_per_expert >= least
     return False
 
 
