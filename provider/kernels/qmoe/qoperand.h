@@ -35,7 +35,8 @@ struct Operand {
   TokenOrder x_order = TokenOrder::KOrder;  // of the float rows
   std::vector<int32_t> xpos;                // where element k of a float row goes (empty: k order)
   // Tile kernel (prefill): the rows [p0, p1) of a group of at least
-  // tile_min rows as K x (p1 - p0) VNNI bf16 at xv + p0 * Kp (build_tiles).
+  // tile_min rows as bf16 in the kernel's 32-token VNNI blocks from
+  // xv + p0 * Kp (build_tiles; amx/qgemm_tiles.h).
   QGemmTilesFn tiles = nullptr;
   void (*tile_tokens)(const float* const*, int, int64_t, int64_t, uint32_t*, int64_t) = nullptr;
   int64_t tile_min = 0, Kp = 0;
