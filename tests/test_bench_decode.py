@@ -49,6 +49,9 @@ def check_result(res, rounds, layers, moe_on="HinaMoE"):
         assert ops["layers"] == layers and outside["MatMul/MatMulNBits"] > 0
         assert "MoE/QMoE" not in outside and "GroupQueryAttention" not in outside
         assert ms_per_token_at_depth(r, layers) == pytest.approx(s["decode_ms_median"])
+        by_ep = ops["decode_ms_per_token_by_provider"]
+        assert sum(by_ep.values()) == pytest.approx(sum(ops["decode_ms_per_token"].values()))
+        assert (by_ep.get("HinaMoE", 0) > 0) == (ep == "HinaMoE")
         assert ms_per_token_at_depth(r, 2 * layers) > s["decode_ms_median"]
         assert all(x["other_cores"] is None or x["other_cores"] >= 0 for x in r["rounds"])
     h, c = (res["eps"][ep]["summary"] for ep in ("HinaMoE", "CPU"))

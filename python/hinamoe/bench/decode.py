@@ -163,7 +163,7 @@ def op_breakdown(profile_path: str | Path) -> dict:
         events = json.load(f)
     runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e["name"] == "model_run")
     out = {"prefill_ms": {}, "decode_ms_per_token": {}, "providers": {}, "layers": 0,
-           "decode_ms_per_token_outside_layers": {}}
+           "decode_ms_per_token_outside_layers": {}, "decode_ms_per_token_by_provider": {}}
     if not runs:
         return out
     group_of = {op: g for g, ops in OP_GROUPS for op in ops}
@@ -179,7 +179,7 @@ def op_breakdown(profile_path: str | Path) -> dict:
     layers.discard(None)
     if not layers:
         layers = {i for i in map(layer_of, nodes) if i is not None}
-    prefill, decode, outside, providers = {}, {}, {}, {}
+    prefill, decode, outside, providers, by_provider = {}, {}, {}, {}, {}
     for e in nodes:
         args = e["args"]
         group = group_of.get(args["op_name"], "other")
@@ -189,6 +189,8 @@ def op_breakdown(profile_path: str | Path) -> dict:
             prefill[group] = prefill.get(group, 0.0) + ms
         else:
             decode[group] = decode.get(group, 0.0) + ms
+            provider = args.get("provider", "?")
+            by_provider[provider] = by_provider.get(provider, 0.0) + ms
             if not layer:
                 outside[group] = outside.get(group, 0.0) + ms
         providers.setdefault(group, set()).add(args.get("provider", "?"))
@@ -198,6 +200,7 @@ def op_breakdown(profile_path: str | Path) -> dict:
     out["providers"] = {g: sorted(p) for g, p in providers.items()}
     out["layers"] = len(layers)
     out["decode_ms_per_token_outside_layers"] = {g: v / n_decode for g, v in outside.items()}
+    out["decode_ms_per_token_by_provider"] = {p: v / n_decode for p, v in by_provider.items()}
     return out
 
 
@@ -361,6 +364,12 @@ def _print(result: dict) -> None:
         parts = ", ".join(f"{g} {v:.3f} ms ({'/'.join(ops['providers'].get(g, []))})" for g, v in
                           sorted(per_tok.items(), key=lambda kv: -kv[1]))
         print(f"{ep} per decoded token: {parts}")
+        by_ep = ops.get("decode_ms_per_token_by_provider", {})
+        total = sum(by_ep.values())
+        if ep == "HinaMoE" and total > 0:
+            outside = total - by_ep.get("HinaMoE", 0.0)
+            print(f"  nodes outside HinaMoE: {outside:.3f} ms per decoded token, {100 * outside / total:.0f}% of the "
+                  "node time")
 
 
 def _llama_setup(args, model: Path) -> dict | None:
