@@ -23,6 +23,12 @@ std::optional<T> node_attr(const Ort::ConstNode& node, const char* name) {
 
 }  // namespace
 
+ONNXTensorElementDataType tensor_elem_type(const Ort::ConstValueInfo& v) {
+  Ort::ConstTypeInfo type = v.TypeInfo();
+  if (type.GetONNXType() != ONNX_TYPE_TENSOR) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  return type.GetTensorTypeAndShapeInfo().GetElementType();
+}
+
 AttrSource node_attrs(const Ort::ConstNode& node) {
   return AttrSource{
       [node](const char* n) { return node_attr<int64_t>(node, n); },

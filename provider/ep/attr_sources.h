@@ -25,6 +25,9 @@ enum class AttrVerdict {
 };
 
 AttrSource node_attrs(const Ort::ConstNode& node);
+
+// The element type of a node input in GetCapability (UNDEFINED when it is not a tensor).
+ONNXTensorElementDataType tensor_elem_type(const Ort::ConstValueInfo& v);
 AttrSource kernel_info_attrs(const OrtKernelInfo* info);
 
 }  // namespace hinamoe_ep

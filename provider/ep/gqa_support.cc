@@ -13,12 +13,6 @@ const char* const kUnclaimedInputs[] = {
 constexpr size_t kFirstUnclaimedInput = 12;
 constexpr size_t kSchemaInputs = kFirstUnclaimedInput + sizeof(kUnclaimedInputs) / sizeof(kUnclaimedInputs[0]);
 
-ONNXTensorElementDataType elem_type(const Ort::ConstValueInfo& v) {
-  Ort::ConstTypeInfo type = v.TypeInfo();
-  if (type.GetONNXType() != ONNX_TYPE_TENSOR) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  return type.GetTensorTypeAndShapeInfo().GetElementType();
-}
-
 }  // namespace
 
 std::string gqa_unsupported_reason(const Ort::ConstNode& node) {
@@ -41,7 +35,7 @@ std::string gqa_unsupported_reason(const Ort::ConstNode& node) {
   if (outputs.size() > 4) return "node has " + std::to_string(outputs.size()) + " outputs; the schema HinaMoE knows has 4";
 
   if (inputs.empty() || inputs[0] == nullptr) return "node has no query input";
-  const auto t = elem_type(inputs[0]);
+  const auto t = tensor_elem_type(inputs[0]);
   if (t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 &&
       t != ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16) {
     return "element type " + std::to_string(t) +
@@ -49,12 +43,12 @@ std::string gqa_unsupported_reason(const Ort::ConstNode& node) {
   }
   // The KV cache may have its own type (T_CACHE): it must be the query's.
   for (size_t i : {3, 4}) {
-    if (i < inputs.size() && inputs[i] != nullptr && elem_type(inputs[i]) != t) {
+    if (i < inputs.size() && inputs[i] != nullptr && tensor_elem_type(inputs[i]) != t) {
       return std::string("input '") + (i == 3 ? "past_key" : "past_value") + "' has another element type than 'query' (quantised KV cache)";
     }
   }
   for (size_t i : {1, 2}) {
-    if (i < outputs.size() && outputs[i] != nullptr && elem_type(outputs[i]) != t) {
+    if (i < outputs.size() && outputs[i] != nullptr && tensor_elem_type(outputs[i]) != t) {
       return std::string("output '") + (i == 1 ? "present_key" : "present_value") + "' has another element type than 'query'";
     }
   }

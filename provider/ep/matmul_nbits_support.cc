@@ -4,16 +4,6 @@
 
 namespace hinamoe_ep {
 
-namespace {
-
-ONNXTensorElementDataType elem_type(const Ort::ConstValueInfo& v) {
-  Ort::ConstTypeInfo type = v.TypeInfo();
-  if (type.GetONNXType() != ONNX_TYPE_TENSOR) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  return type.GetTensorTypeAndShapeInfo().GetElementType();
-}
-
-}  // namespace
-
 std::string matmul_nbits_unsupported_reason(const Ort::ConstNode& node) {
   hinamoe::MatMulNBitsAttrs attrs;
   std::string why;
@@ -22,12 +12,12 @@ std::string matmul_nbits_unsupported_reason(const Ort::ConstNode& node) {
   const std::vector<Ort::ConstValueInfo> inputs = node.GetInputs();
   if (inputs.size() < 3 || inputs[0] == nullptr || inputs[1] == nullptr || inputs[2] == nullptr)
     return "node has fewer than 3 inputs";
-  const auto a = elem_type(inputs[0]);
+  const auto a = tensor_elem_type(inputs[0]);
   if (a != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && a != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 &&
       a != ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16)
     return "A has element type " + std::to_string(a) + ", not float/float16/bfloat16";
-  if (elem_type(inputs[1]) != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8) return "B is not uint8";
-  if (inputs.size() > 3 && inputs[3] != nullptr && elem_type(inputs[3]) != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8)
+  if (tensor_elem_type(inputs[1]) != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8) return "B is not uint8";
+  if (inputs.size() > 3 && inputs[3] != nullptr && tensor_elem_type(inputs[3]) != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8)
     return "zero_points are not uint8 (float zero points are not implemented by HinaMoE)";
   if (inputs.size() > 4 && inputs[4] != nullptr) return "input g_idx is not implemented by HinaMoE";
   return "";

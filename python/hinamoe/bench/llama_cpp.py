@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -176,14 +175,3 @@ def precision_of(folder: str | Path) -> str | None:
         if node.op_type == "MoE" and len(node.input) > 2:
             return types.get(inits.get(node.input[2]), "fp32")
     return None
-
-
-def have_ggml_amx(lc: LlamaCpp) -> bool:
-    """Whether this build has ggml's AMX path (it died of SIGILL on a VM with
-    AMX; see docs/benchmarks.md)."""
-    cache = lc.root / "build" / "CMakeCache.txt"
-    return cache.is_file() and "GGML_AMX" in cache.read_text() and "-mno-amx-tile" not in cache.read_text()
-
-
-def cleanup(workdir: str | Path) -> None:
-    shutil.rmtree(workdir, ignore_errors=True)
