@@ -32,7 +32,9 @@ graph's inputs and outputs are genai's: ``input_ids [B, S]`` and
     result.tokens, result.prefill_tok_s, result.decode_tok_s
 
 ``python -m hinamoe.models.tiny_lm OUT`` writes a model folder
-(``model.onnx`` + ``tiny_lm.json``) that ``load_tiny_lm`` reads back.
+(``model.onnx`` + ``tiny_lm.json``) that ``load_tiny_lm`` reads back; with
+``--tokenizer`` also a byte-level tokenizer with a chat template, so
+``hina-serve OUT`` serves it.
 """
 
 from __future__ import annotations
@@ -293,6 +295,24 @@ def save_tiny_lm(folder: str | os.PathLike, cfg: TinyLMConfig, model: onnx.Model
     return path
 
 
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def save_tokenizer(folder: str | os.PathLike, cfg: TinyLMConfig) -> None:
+    """A byte-level tokenizer (one token per byte, then bos/eos/pad) with a
+    plain chat template, and a generation config naming its end token, so
+    the folder is a servable model (needs transformers)."""
+    from .hf_tiny import EOS, byte_tokenizer
+
+    tok = byte_tokenizer()
+    if cfg.vocab < len(tok):
+        raise ValueError(f"vocab {cfg.vocab} < the byte tokenizer's {len(tok)} tokens")
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(str(folder))
+    (Path(folder) / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS}) + "\n")
+
+
 def load_tiny_lm(folder: str | os.PathLike) -> tuple[str, TinyLMConfig]:
     """``(model path, config)`` of a folder ``save_tiny_lm`` wrote."""
     folder = Path(folder)
@@ -515,10 +535,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", help="output folder")
     add_config_arguments(ap)
     ap.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    ap.add_argument("--tokenizer", action="store_true",
+                    help="also write a byte-level tokenizer with a chat template (for hina-serve)")
     args = ap.parse_args(argv)
     cfg = config_from_args(args)
     model, weights = build_tiny_lm(cfg, seed=args.seed)
     path = save_tiny_lm(args.out, cfg, model)
+    if args.tokenizer:
+        save_tokenizer(args.out, cfg)
     print(f"{path}: {cfg.describe()}, {len(model.graph.node)} nodes, "
           f"{weight_bytes(weights) / 2 ** 20:.1f} MiB of weights")
     return 0
