@@ -25,6 +25,7 @@ def create_app(engine: Engine, tokenizer, model_name: str, api_key: str | None =
     Hugging Face tokenizers are not safe to share between threads)."""
     app = FastAPI(title="hina-serve", description="OpenAI-compatible server on HinaMoE")
     created = int(time.time())
+    fingerprint = "hinamoe-" + uuid.uuid4().hex[:12]   # one per app instance: tells replicas apart
 
     @app.exception_handler(ApiError)
     async def _api_error(_, e: ApiError):
@@ -148,7 +149,8 @@ def create_app(engine: Engine, tokenizer, model_name: str, api_key: str | None =
             if ev.finish_reason == "error":
                 raise ApiError(500, ev.error or "generation failed", type_="server_error")
             return {"id": rid, "object": kind, "created": now, "model": model_name,
-                    "choices": [choice("".join(parts), finish_of(ev), False)], "usage": usage()}
+                    "system_fingerprint": fingerprint, "choices": [choice("".join(parts), finish_of(ev), False)],
+                    "usage": usage()}
 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         chunk_kind = kind + ".chunk" if chat else kind
@@ -159,7 +161,7 @@ def create_app(engine: Engine, tokenizer, model_name: str, api_key: str | None =
 
         def chunk(choices: list, **extra) -> str:
             return sse({"id": rid, "object": chunk_kind, "created": now, "model": model_name,
-                        "choices": choices, **extra})
+                        "system_fingerprint": fingerprint, "choices": choices, **extra})
 
         async def stream():
             try:
