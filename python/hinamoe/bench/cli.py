@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "decode": ".decode",
     "gqa": ".gqa",
     "numa-plan": ".numa_plan",
+    "serve": ".serve",
 }
 
 
