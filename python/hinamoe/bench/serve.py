@@ -24,7 +24,7 @@ serving the same weights. For each client count, each server gets
 next request when its last one ends); servers alternate within a round and
 --rounds rounds are run, medians reported.
 
-Per request: time to first token (TTFT: send to first text), per-token
+Per request: time to first token (TTFT: send to the first token's chunk), per-token
 latency (first to last token / (tokens - 1)). Per run: aggregate tok/s
 (generated tokens / wall time), p50 and p99 of both latencies, failures
 (HTTP errors, broken streams, short answers). Every request asks for exactly
@@ -110,7 +110,7 @@ def one_request(client, target: Target, prompt: str, max_tokens: int):
             if "error" in msg:
                 raise RuntimeError(f"stream error: {msg['error']}")
             usage = msg.get("usage") or usage
-            if any(c.get("text") for c in msg.get("choices", ())):
+            if any(c.get("finish_reason") is None for c in msg.get("choices", ())):  # a token (its text may be "")
                 now = time.perf_counter()
                 first = first or now
                 last = now

@@ -173,7 +173,7 @@ def create_app(engine: Engine, tokenizer, model_name: str, api_key: str | None =
                     if ev.finish_reason == "error":
                         yield sse(ApiError(500, ev.error or "generation failed", type_="server_error").body())
                         break
-                    if ev.text:
+                    if ev.token is not None or ev.text:   # a chunk per token, as llama-server: "" while text is held
                         yield chunk([choice(ev.text, None, True)])
                     if ev.finish_reason is not None:
                         yield chunk([choice(None, finish_of(ev), True)])
