@@ -36,3 +36,17 @@ def test_bench_serve_reports_an_unreachable_server(capsys):
 
     assert main(["serve", f"http://127.0.0.1:{free_port()}", "--rounds", "1"]) == 2
     assert "no /v1/models answer" in capsys.readouterr().out
+
+
+def test_serve_soak_counts_good_and_bad_requests(server, tmp_path):  # noqa: F811
+    from hinamoe.bench.cli import main
+
+    out = tmp_path / "soak.json"
+    rc = main(["serve-soak", server.url, "--clients", "3", "--minutes", "0.1", "--bad-every", "3",
+               "--max-tokens", "6", "--warmup-s", "0", "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert rc == 0 and data["failures"] == 0, data["errors"]
+    assert data["good"] >= 3 and data["bad_answered"] >= 1
+    assert data["tokens"] == 6 * data["good"]
+    assert data["memory_summary"]["max_mib"] > 0
+    assert server.alive()

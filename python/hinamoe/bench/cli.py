@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "gqa": ".gqa",
     "numa-plan": ".numa_plan",
     "serve": ".serve",
+    "serve-soak": ".serve_soak",
 }
 
 

@@ -29,7 +29,9 @@ latency (first to last token / (tokens - 1)). Per run: aggregate tok/s
 (generated tokens / wall time), p50 and p99 of both latencies, failures
 (HTTP errors, broken streams, short answers). Every request asks for exactly
 --max-tokens tokens (ignore_eos, temperature 0) after a prompt of
---prompt-words random words, so servers do the same work.
+--prompt-words random words, fresh for every request (the servers of a
+round get the same ones), so servers do the same work and none can answer
+from a cached prompt.
 
 Examples:
   hina-serve qwen3-int4 -np 8 -t 2 &                      # port 8000
@@ -130,14 +132,16 @@ def run_level(target: Target, clients: int, requests: int, prompts: list[str], a
     run = Run(target.name, clients, rnd, requests, 0, 0.0, 0)
 
     def worker():
-        with httpx.Client(timeout=args.timeout, headers=headers) as client:
+        # a connection per request: a server may close idle keep-alive connections between requests
+        limits = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(timeout=args.timeout, headers=headers, limits=limits) as client:
             while True:
                 with lock:
                     if not todo:
                         return
                     i = todo.pop()
                 try:
-                    ttft, per_tok, n = one_request(client, target, prompts[i % len(prompts)], args.max_tokens)
+                    ttft, per_tok, n = one_request(client, target, prompts[i], args.max_tokens)
                     with lock:
                         run.ttft_s.append(ttft)
                         run.per_token_s.append(per_tok)
@@ -163,7 +167,8 @@ def pct(values, q):
 
 def summarize(runs: list[Run]) -> list[dict]:
     rows = []
-    for key in sorted({(r.clients, r.target) for r in runs}, key=lambda k: k[0]):
+    order = list(dict.fromkeys(r.target for r in runs))   # as given on the command line
+    for key in sorted({(r.clients, r.target) for r in runs}, key=lambda k: (k[0], order.index(k[1]))):
         rs = [r for r in runs if (r.clients, r.target) == key]
         ttft = [x for r in rs for x in r.ttft_s]
         per = [x for r in rs for x in r.per_token_s]
@@ -221,13 +226,14 @@ def run(args) -> int:
             print(f"hina-bench serve: {t.name} at {t.url}: no /v1/models answer ({e})")
             return 2
     rng = np.random.default_rng(args.seed)
-    prompts = [" ".join(rng.choice(WORDS, args.prompt_words)) for _ in range(64)]
     runs: list[Run] = []
     print(f"{cpu_name()}; {args.max_tokens} tokens after {args.prompt_words} words; "
           f"{', '.join(f'{t.name}={t.url} ({t.model})' for t in targets)}")
     for clients in args.clients:
         requests = args.requests or max(4, 2 * clients)
         for rnd in range(args.rounds):
+            # fresh prompts per run, the same for every server: no server can reuse a cached prompt
+            prompts = [" ".join(rng.choice(WORDS, args.prompt_words)) for _ in range(requests)]
             for t in (targets if rnd % 2 == 0 else targets[::-1]):
                 r = run_level(t, clients, requests, prompts, args, rnd)
                 runs.append(r)
