@@ -291,6 +291,11 @@ void rows_f(const QWeight& w, int64_t r0, int64_t r1, int64_t ka, int64_t kz, co
 // would stream the tile's whole rows from L2 again (8 tokens of 2048 floats
 // are 64 KiB; in-cache A/B on Zen 5: X in L1 ~1.5x the FMA rate of X in L2).
 constexpr int64_t kSliceBytes = 16 * 1024;
+#ifndef HINAMOE_QZ_I8_R1
+// Rows per 1-token int8-token micro-kernel: 6 shares each token load and
+// scale permute over more rows than 4 (docs/kernels.md, Zen 4).
+#define HINAMOE_QZ_I8_R1 6
+#endif
 #ifndef HINAMOE_QZ_R1
 // Rows per 1-token micro-kernel (an A/B knob: 2, 6 and 12 rows against 4 on
 // Zen 5, DRAM-streaming C++ bench: no consistent gain; 12 lost 10-30%).
@@ -753,7 +758,7 @@ void qgemm_i8_t(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int6
       const int32_t* b = bias.data() + m * ldb;
       float* y = Y + m * ldy + (r0 - n0);
       switch (std::min<int64_t>(4, M - m)) {
-        case 1: rows_i8<BITS, 4, 1, SDT>(w, r0, r1, x, b, ldb, y, ldy); break;
+        case 1: rows_i8<BITS, HINAMOE_QZ_I8_R1, 1, SDT>(w, r0, r1, x, b, ldb, y, ldy); break;
         case 2: rows_i8<BITS, 4, 2, SDT>(w, r0, r1, x, b, ldb, y, ldy); break;
         case 3: rows_i8<BITS, 4, 3, SDT>(w, r0, r1, x, b, ldb, y, ldy); break;
         default: rows_i8<BITS, 3, 4, SDT>(w, r0, r1, x, b, ldb, y, ldy); break;
