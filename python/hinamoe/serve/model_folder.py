@@ -1,0 +1,102 @@
+"""What the server needs to know of a model folder: its ONNX file, how its
+graph keeps the KV cache, its context length, end-of-sequence tokens and
+tokenizer.
+
+Three kinds of folder are read:
+
+* onnxruntime-genai (``genai_config.json``: the builder's output, or any
+  folder genai runs): GroupQueryAttention fed from the attention mask, so
+  the ``"front"`` KV layout.
+* hina-export / optimum (``model.onnx`` + ``config.json``): keys appended by
+  concatenation and rotary from ``position_ids``, the ``"back"`` layout.
+* ``hinamoe.models.tiny_lm`` (``tiny_lm.json``): genai's graph form.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_CONTEXT = 4096  # when the folder names none, or a longer one than asked
+
+
+class ModelFolderError(ValueError):
+    pass
+
+
+@dataclass
+class ModelFolder:
+    path: Path
+    model_file: Path
+    kind: str                 # "genai", "export" or "tiny_lm"
+    layout: str               # KVBatch layout: "front" or "back"
+    context_length: int
+    eos_token_ids: set[int] = field(default_factory=set)
+
+    @property
+    def name(self) -> str:
+        return self.path.resolve().name
+
+    def tokenizer(self):
+        """The folder's Hugging Face tokenizer (``transformers.AutoTokenizer``)."""
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as e:
+            raise ModelFolderError("hina-serve needs transformers for the tokenizer: "
+                                   "pip install 'hinamoe[serve]'") from e
+        try:
+            return AutoTokenizer.from_pretrained(str(self.path))
+        except (OSError, ValueError) as e:
+            raise ModelFolderError(f"{self.path}: no tokenizer could be loaded ({e})") from e
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelFolderError(f"{path}: {e}") from e
+
+
+def _ids(value) -> set[int]:
+    if value is None:
+        return set()
+    return {int(v) for v in (value if isinstance(value, list) else [value])}
+
+
+def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
+    """Reads ``path`` (see the module doc). ``context_length``: the longest
+    sequence to serve (0: the model's own, at most ``DEFAULT_CONTEXT``)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelFolderError(f"{path} is not a folder")
+    eos: set[int] = set()
+    if (path / "genai_config.json").is_file():
+        cfg = _json(path / "genai_config.json").get("model", {})
+        kind, layout = "genai", "front"
+        model_file = path / cfg.get("decoder", {}).get("filename", "model.onnx")
+        own = int(cfg.get("context_length", 0))
+        eos |= _ids(cfg.get("eos_token_id"))
+    elif (path / "tiny_lm.json").is_file():
+        kind, layout = "tiny_lm", "front"
+        model_file = path / "model.onnx"
+        own = int(_json(path / "tiny_lm.json").get("max_length", 0))
+    elif (path / "model.onnx").is_file() and (path / "config.json").is_file():
+        kind, layout = "export", "back"
+        model_file = path / "model.onnx"
+        cfg = _json(path / "config.json")
+        own = int(cfg.get("max_position_embeddings", 0))
+        eos |= _ids(cfg.get("eos_token_id"))
+    else:
+        raise ModelFolderError(f"{path}: not a model folder (expected genai_config.json, "
+                               "model.onnx + config.json from hina-export, or tiny_lm.json)")
+    if not model_file.is_file():
+        raise ModelFolderError(f"{path}: {model_file.name} is missing")
+    if (path / "generation_config.json").is_file():
+        eos |= _ids(_json(path / "generation_config.json").get("eos_token_id"))
+    if context_length < 0:
+        raise ModelFolderError(f"context length {context_length} must be >= 0")
+    ctx = context_length or min(own or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+    if own and ctx > own:
+        raise ModelFolderError(f"context length {ctx} exceeds the model's {own}")
+    return ModelFolder(path, model_file, kind, layout, ctx, eos)

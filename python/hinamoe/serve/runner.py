@@ -1,0 +1,110 @@
+"""One ONNX Runtime session of a decoder, driven a step at a time: a
+sequence's prompt on its own (batch 1, in chunks), or one token of every
+sequence in a ``KVBatch``.
+
+The graph's inputs are read by name: ``input_ids``, ``attention_mask``,
+``position_ids`` when it has one, ``past_key_values.{i}.key|value``; its
+outputs ``logits`` and ``present.{i}.key|value``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from .kv_batch import KVBatch
+
+_PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)$")
+_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def make_session(model_file, ep: str = "HinaMoE", threads: int = 0, options: dict | None = None):
+    """A session on HinaMoE (its ``options``, e.g. ``{"strict": "1"}``; ORT's
+    CPU EP runs the nodes HinaMoE does not claim) or on the CPU EP alone."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    if ep.lower() == "cpu":
+        providers = ["CPUExecutionProvider"]
+    elif ep == "HinaMoE":
+        import hinamoe
+
+        hinamoe.register()
+        providers = [(hinamoe.get_ep_name(), {k: str(v) for k, v in (options or {}).items()}),
+                     "CPUExecutionProvider"]
+    else:
+        raise ValueError(f"unknown EP {ep!r}: 'HinaMoE' or 'cpu'")
+    return ort.InferenceSession(str(model_file), so, providers=providers)
+
+
+class Runner:
+    def __init__(self, sess, layout: str):
+        self.sess, self.layout = sess, layout
+        inputs = {i.name: i for i in sess.get_inputs()}
+        outputs = {o.name for o in sess.get_outputs()}
+        missing = {"input_ids", "attention_mask"} - set(inputs)
+        if missing or "logits" not in outputs:
+            raise ValueError(f"the graph lacks {sorted(missing | ({'logits'} - outputs))}: "
+                             "not a decoder with input_ids, attention_mask and logits")
+        past = sorted((int(m[1]), m[2] == "value", name) for name in inputs if (m := _PAST.match(name)))
+        self.layers = len(past) // 2
+        if not past or len(past) != 2 * self.layers:
+            raise ValueError("the graph has no past_key_values.{i}.key/value pairs")
+        self.past_names = [name for _, _, name in past]
+        self.present_names = [n.replace("past_key_values.", "present.") for n in self.past_names]
+        absent = [n for n in self.present_names if n not in outputs]
+        if absent:
+            raise ValueError(f"the graph lacks outputs {absent[:2]}...")
+        first = inputs[self.past_names[0]]
+        if first.type not in _DTYPES:
+            raise ValueError(f"KV cache of type {first.type}: the server feeds float32 or float16")
+        self.dtype = _DTYPES[first.type]
+        self.kv_heads, self.head_dim = first.shape[1], first.shape[3]
+        if not (isinstance(self.kv_heads, int) and isinstance(self.head_dim, int)):
+            raise ValueError(f"{first.name} has shape {first.shape}: KV heads and head size must be fixed")
+        self.has_positions = "position_ids" in inputs
+        fed = {"input_ids", "attention_mask", "position_ids", *self.past_names}
+        other = sorted(set(inputs) - fed)
+        if other:  # e.g. LFM2's convolution states, Qwen3.5's linear-attention states
+            raise ValueError(f"the graph has inputs the server does not feed: {other[:4]}; it serves decoders "
+                             "whose only state is past_key_values.*")
+        self.output_names = ["logits", *self.present_names]
+        logits = next(o for o in sess.get_outputs() if o.name == "logits")
+        self.vocab = logits.shape[-1] if isinstance(logits.shape[-1], int) else None
+
+    def new_batch(self) -> KVBatch:
+        return KVBatch(self.layout, self.layers, self.kv_heads, self.head_dim, self.dtype)
+
+    def empty_caches(self) -> list[np.ndarray]:
+        return [np.zeros((1, self.kv_heads, 0, self.head_dim), self.dtype) for _ in self.past_names]
+
+    def _run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, caches: list[np.ndarray]):
+        feeds = {"input_ids": ids, "attention_mask": mask, **dict(zip(self.past_names, caches))}
+        if self.has_positions:
+            feeds["position_ids"] = positions
+        logits, *presents = self.sess.run(self.output_names, feeds)
+        return logits[:, -1].astype(np.float32), presents
+
+    def prefill(self, ids: np.ndarray, caches: list[np.ndarray], start: int):
+        """Appends ``ids`` (int64 ``[S]``) to one sequence whose ``caches``
+        hold its first ``start`` tokens (``empty_caches()`` for none).
+        Returns the last position's logits ``[V]`` and the grown caches."""
+        s = len(ids)
+        mask = np.ones((1, start + s), np.int64)
+        positions = np.arange(start, start + s, dtype=np.int64)[None, :]
+        logits, presents = self._run(np.asarray(ids, np.int64)[None, :], mask, positions, caches)
+        return logits[0], presents
+
+    def decode(self, batch: KVBatch, tokens: np.ndarray) -> np.ndarray:
+        """One token per row of ``batch`` (int64 ``[B]``); returns the logits
+        ``[B, V]`` and advances the batch."""
+        step = batch.step_inputs()
+        logits, presents = self._run(np.asarray(tokens, np.int64)[:, None], step["attention_mask"],
+                                     step["position_ids"], batch.caches)
+        batch.advance(presents)
+        return logits
