@@ -316,3 +316,17 @@ def test_bf16_copy_of_a_builder_model(genai_models, tmp_path, rng):
     res = json.loads(out.read_text())
     assert res["meta"]["cpu_model"] == str(src)
     _check_decode_result(res, rounds=1)
+
+
+
+@pytest.mark.parametrize("arch,reason", [("gpt_oss", "sliding-window ring cache"),
+                                         ("lfm2_moe", "inputs the server does not feed")])
+def test_serving_what_the_server_cannot_drive_is_a_clear_error(arch, reason, genai_models):
+    """genai's gpt-oss keeps its sliding-window layers in a ring buffer
+    (GroupQueryAttention sliding_window_cache=1) and LFM2-MoE carries
+    convolution states beside its KV cache: hina-serve refuses both at load,
+    by name, instead of failing at the first request."""
+    from hinamoe.serve import ModelFolderError, ServeOptions, load_engine
+
+    with pytest.raises((ModelFolderError, ValueError), match=reason):
+        load_engine(genai_models(arch, "fp32"), ServeOptions(threads=2))

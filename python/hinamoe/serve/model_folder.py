@@ -33,6 +33,7 @@ class ModelFolder:
     layout: str               # KVBatch layout: "front" or "back"
     context_length: int
     eos_token_ids: set[int] = field(default_factory=set)
+    kv_shape: tuple[int, int] | None = None   # (KV heads, head size) where the folder's config says
 
     @property
     def name(self) -> str:
@@ -64,6 +65,21 @@ def _ids(value) -> set[int]:
     return {int(v) for v in (value if isinstance(value, list) else [value])}
 
 
+def _check_cache_protocol(model_file: Path) -> None:
+    """The server keeps plain KV caches; a graph whose attention keeps a
+    ring buffer (genai's gpt-oss: GroupQueryAttention sliding_window_cache=1)
+    needs a protocol it does not speak."""
+    import onnx
+
+    graph = onnx.load(str(model_file), load_external_data=False).graph
+    ring = [n.name for n in graph.node if n.op_type == "GroupQueryAttention"
+            and any(a.name == "sliding_window_cache" and a.i for a in n.attribute)]
+    if ring:
+        raise ModelFolderError(f"{model_file}: GroupQueryAttention {ring[0]!r} keeps a sliding-window ring cache "
+                               "(sliding_window_cache=1), which hina-serve does not drive yet; serve a hina-export "
+                               "folder of the same checkpoint instead")
+
+
 def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
     """Reads ``path`` (see the module doc). ``context_length``: the longest
     sequence to serve (0: the model's own, at most ``DEFAULT_CONTEXT``)."""
@@ -77,21 +93,29 @@ def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
         model_file = path / cfg.get("decoder", {}).get("filename", "model.onnx")
         own = int(cfg.get("context_length", 0))
         eos |= _ids(cfg.get("eos_token_id"))
+        dec = cfg.get("decoder", {})
+        kv_shape = (dec["num_key_value_heads"], dec["head_size"]) if {"num_key_value_heads", "head_size"} <= set(dec) \
+            else None
     elif (path / "tiny_lm.json").is_file():
         kind, layout = "tiny_lm", "front"
         model_file = path / "model.onnx"
         own = int(_json(path / "tiny_lm.json").get("max_length", 0))
+        kv_shape = None  # its graph names them
     elif (path / "model.onnx").is_file() and (path / "config.json").is_file():
         kind, layout = "export", "back"
         model_file = path / "model.onnx"
         cfg = _json(path / "config.json")
         own = int(cfg.get("max_position_embeddings", 0))
         eos |= _ids(cfg.get("eos_token_id"))
+        heads = cfg.get("num_attention_heads")
+        head_dim = cfg.get("head_dim") or (cfg["hidden_size"] // heads if heads and "hidden_size" in cfg else None)
+        kv_shape = (cfg.get("num_key_value_heads", heads), head_dim) if heads and head_dim else None
     else:
         raise ModelFolderError(f"{path}: not a model folder (expected genai_config.json, "
                                "model.onnx + config.json from hina-export, or tiny_lm.json)")
     if not model_file.is_file():
         raise ModelFolderError(f"{path}: {model_file.name} is missing")
+    _check_cache_protocol(model_file)
     if (path / "generation_config.json").is_file():
         eos |= _ids(_json(path / "generation_config.json").get("eos_token_id"))
     if context_length < 0:
@@ -99,4 +123,4 @@ def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
     ctx = context_length or min(own or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
     if own and ctx > own:
         raise ModelFolderError(f"context length {ctx} exceeds the model's {own}")
-    return ModelFolder(path, model_file, kind, layout, ctx, eos)
+    return ModelFolder(path, model_file, kind, layout, ctx, eos, kv_shape)

@@ -43,7 +43,9 @@ def make_session(model_file, ep: str = "HinaMoE", threads: int = 0, options: dic
 
 
 class Runner:
-    def __init__(self, sess, layout: str):
+    def __init__(self, sess, layout: str, kv_shape: tuple[int, int] | None = None):
+        """``kv_shape``: (KV heads, head size) where the graph leaves them
+        symbolic (onnxruntime-genai's builder does)."""
         self.sess, self.layout = sess, layout
         inputs = {i.name: i for i in sess.get_inputs()}
         outputs = {o.name for o in sess.get_outputs()}
@@ -63,16 +65,18 @@ class Runner:
         first = inputs[self.past_names[0]]
         if first.type not in _DTYPES:
             raise ValueError(f"KV cache of type {first.type}: the server feeds float32 or float16")
-        self.dtype = _DTYPES[first.type]
-        self.kv_heads, self.head_dim = first.shape[1], first.shape[3]
-        if not (isinstance(self.kv_heads, int) and isinstance(self.head_dim, int)):
-            raise ValueError(f"{first.name} has shape {first.shape}: KV heads and head size must be fixed")
-        self.has_positions = "position_ids" in inputs
         fed = {"input_ids", "attention_mask", "position_ids", *self.past_names}
         other = sorted(set(inputs) - fed)
         if other:  # e.g. LFM2's convolution states, Qwen3.5's linear-attention states
             raise ValueError(f"the graph has inputs the server does not feed: {other[:4]}; it serves decoders "
                              "whose only state is past_key_values.*")
+        self.dtype = _DTYPES[first.type]
+        dims = [d if isinstance(d, int) else None for d in (first.shape[1], first.shape[3])]
+        self.kv_heads, self.head_dim = (d if d is not None else (kv_shape or (None, None))[i] for i, d in enumerate(dims))
+        if self.kv_heads is None or self.head_dim is None:
+            raise ValueError(f"{first.name} has shape {first.shape} and the folder's config names no KV heads "
+                             "and head size")
+        self.has_positions = "position_ids" in inputs
         self.output_names = ["logits", *self.present_names]
         logits = next(o for o in sess.get_outputs() if o.name == "logits")
         self.vocab = logits.shape[-1] if isinstance(logits.shape[-1], int) else None
