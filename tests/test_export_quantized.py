@@ -173,6 +173,9 @@ def test_cli_int4_block_16_on_hf_tiny_sizes(tiny_export, tmp_path, capsys):
         ("QMoE", 4, 16), ("MatMulNBits", 4, 16)}
     assert "quantize: " in stdout and "op=QMoE, bits=4, block_size=16" in stdout
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    levels = {n.op_type: [a.i for a in n.attribute if a.name == "accuracy_level"]
+              for n in model.graph.node if n.op_type in ("QMoE", "MatMulNBits")}
+    assert levels == {"QMoE": [4], "MatMulNBits": [4]}, levels   # the command line's default: int8 tokens
     scales = [i for i in model.graph.initializer if i.name.endswith("fc1_scales")]
     assert len(scales) == 2 and all(list(i.dims)[-1] == 80 // 16 for i in scales)
     sess = cpu_session(str(out / "model.onnx"))

@@ -39,9 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         " the experts' hidden and intermediate sizes (default 32)")
     p.add_argument("--accuracy-level", type=int, default=None, choices=range(5), metavar="L",
                    help="int4/int8: the accuracy_level of every QMoE and MatMulNBits node (ORT's"
-                        " lowest precision allowed for the activations: 4 = int8 tokens per block,"
-                        " the arithmetic of llama.cpp's Q4_0/Q8_0 and onnxruntime-genai's"
-                        " MatMulNBits, faster decode; absent by default: float tokens)")
+                        " lowest precision allowed for the activations). Default 4: int8 tokens per"
+                        " block, the arithmetic of llama.cpp's Q4_0/Q8_0 and onnxruntime-genai's"
+                        " default for CPU, 1.2-1.3x faster decode; 0: float tokens")
     p.add_argument("--no-fuse", action="store_true",
                    help="write optimum's export as is (no graph passes): the reference graph")
     p.add_argument("--opset", type=int, default=None,
@@ -56,6 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         " paths the export handles, e.g. the all-experts loop)")
 
 
+def accuracy_level(args) -> int | None:
+    """--accuracy-level, or 4 for int4/int8 when not given (0 stays 0: float tokens)."""
+    if args.accuracy_level is not None:
+        return args.accuracy_level
+    return 4 if args.dtype in ("int4", "int8") else None
+
+
 def run(args) -> int:
     from .checkpoint import ExportError
     from .export import REPORT_FILE, export
@@ -66,7 +73,7 @@ def run(args) -> int:
         path, report = export(args.model_dir, args.output_dir, dtype=args.dtype,
                               fuse_graph=not args.no_fuse, opset=args.opset, validate=args.validate,
                               progress=not args.quiet, keep_unfused=args.keep_unfused,
-                              block_size=args.block_size, accuracy_level=args.accuracy_level)
+                              block_size=args.block_size, accuracy_level=accuracy_level(args))
     except ExportError as e:
         print(f"hina-export: error: {e}", file=sys.stderr)
         return 2
