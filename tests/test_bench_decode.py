@@ -80,6 +80,21 @@ def test_optimum_client(arch, tiny_export, tmp_path, seed):
     assert plot.stat().st_size > 0
 
 
+def test_serve_client(tiny_export, tmp_path, seed):
+    """--client serve: hina-serve's runner on a hina-export folder, the
+    same fields and placement, and PyTorch's greedy tokens (the runner does
+    not stop at the end token; generate() may)."""
+    exp = tiny_export.fused("qwen3_moe")
+    res = run_decode(tmp_path, exp.model.parent, "--client", "serve", seed=seed)
+    assert res["meta"]["client"] == "serve"
+    check_result(res, rounds=2, layers=exp.torch_model().config.num_hidden_layers)
+    ids = torch.tensor([res["prompt_ids"]], dtype=torch.int64)
+    out = exp.torch_model().generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW)
+    want = out[0, ids.shape[1]:].tolist()
+    assert res["tokens"]["HinaMoE"] == res["tokens"]["CPU"]
+    assert res["tokens"]["HinaMoE"][:len(want)] == want
+
+
 def test_optimum_client_bf16_copy_against_fp32(tiny_export, tmp_path, seed):
     """A bf16-expert copy (hinamoe.export.convert) on HinaMoE, the fp32
     original on the CPU EP (which has no bf16 MoE): --cpu-model."""

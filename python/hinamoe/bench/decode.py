@@ -36,6 +36,11 @@ the same machine state. Two clients, picked from the folder (or --client):
   optimum  model.onnx + config.json (hina-export's output):
            hinamoe.export.load_causal_lm(...).generate()
 
+--client serve times any folder hina-serve reads (hina-export, tiny_lm, genai
+folders with plain KV caches) through hinamoe.serve's runner, hina-serve's
+own decode loop: one ONNX Runtime call per token, no framework around it
+(optimum's generate adds about a millisecond of Python per token).
+
 Per round and EP: a prompt of --prompt random token ids, then --new-tokens
 greedy tokens (EOS cannot end it early: min length = max length; genai's
 max_length at least the sliding window, which sizes the window buffers).
@@ -79,7 +84,7 @@ OP_GROUPS = (("MoE/QMoE", ("MoE", "QMoE")), ("GroupQueryAttention", ("GroupQuery
 EPS = ("HinaMoE", "CPU")
 # A node inside decoder layer N: "/model/layers.N/..." (genai's builder and optimum's export).
 LAYER = re.compile(r"layers[./_](\d+)[./_]")
-CLIENTS = {"genai": ".decode_genai", "optimum": ".decode_optimum"}
+CLIENTS = {"genai": ".decode_genai", "optimum": ".decode_optimum", "serve": ".decode_serve"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -138,7 +143,7 @@ def _client_module(name: str):
     try:
         if name == "genai":
             import onnxruntime_genai  # noqa: F401
-        else:
+        elif name == "optimum":
             import optimum.onnxruntime  # noqa: F401
             import torch  # noqa: F401
     except ImportError as e:
@@ -147,6 +152,8 @@ def _client_module(name: str):
 
 
 def _check_files(name: str, path: Path) -> None:
+    if name == "serve":
+        return  # the client reads the folder and names what is wrong
     want = ["genai_config.json"] if name == "genai" else ["model.onnx", "config.json"]
     missing = [f for f in want if not (path / f).is_file()]
     if missing:
