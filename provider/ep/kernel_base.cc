@@ -82,7 +82,10 @@ hinamoe::Parallel ort_parallel(const Ort::KernelContext& ctx) {
   hinamoe::Parallel par;
   par.run = ort_parallel_for;
   par.pool = const_cast<Ort::KernelContext*>(&ctx);
-  par.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Read once: glibc answers hardware_concurrency() by opening
+  // /sys/devices/system/cpu/online, a few syscalls a node at every run.
+  static const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  par.threads = threads;
   return par;
 }
 

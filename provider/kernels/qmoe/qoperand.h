@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "../aligned_buffer.h"
@@ -34,6 +35,7 @@ struct Operand {
   TokenOrder order = TokenOrder::KOrder;    // of the int8 codes
   TokenOrder x_order = TokenOrder::KOrder;  // of the float rows
   std::vector<int32_t> xpos;                // where element k of a float row goes (empty: k order)
+  std::pair<TokenOrder, int64_t> xpos_of{TokenOrder::KOrder, 0}, qpos_of{TokenOrder::KOrder, 0};
   // Tile kernel (prefill): the rows [p0, p1) of a group of at least
   // tile_min rows as bf16 in the kernel's 32-token VNNI blocks from
   // xv + p0 * Kp (build_tiles; amx/qgemm_tiles.h).
@@ -53,8 +55,6 @@ struct Operand {
     tile_min = (int8_ ? qk.tile_min_tokens_i8 : qk.tile_min_tokens)[bits == 8 ? 1 : 0];
     Kp = (K_ + 31) / 32 * 32;
     if (tiles && R >= tile_min) xv.resize(size_t(R * Kp));
-    xpos.clear();
-    qpos.clear();
     K = K_;
     nb = nb_;
     block = nb == 1 ? K : block_size;
@@ -64,18 +64,28 @@ struct Operand {
     zero_points = zero_points_;
     order = int8 ? qk.i8_order(bits, block, K, zero_points_) : TokenOrder::KOrder;
     x_order = int8 ? TokenOrder::KOrder : qk.f_order(bits, block, K, zero_points_);
-    if (x_order != TokenOrder::KOrder)
-      for (int64_t k = 0; k < K; ++k) xpos.push_back(int32_t(token_pos(x_order, k, K)));
+    positions(xpos, xpos_of, x_order, K);
+    positions(qpos, qpos_of, int8 ? order : TokenOrder::KOrder, K);
     x.assign(size_t(R * ld), 0.0f);
     if (int8) {
-      if (order != TokenOrder::KOrder)
-        for (int64_t k = 0; k < K; ++k) qpos.push_back(int32_t(token_pos(order, k, K)));
       q.assign(size_t(R * ldq), 0);
       qscale.assign(size_t(R * nb), 0.0f);
       qsum.assign(size_t(R * nb), 0);
     }
   }
   int64_t pos(int64_t k) const { return xpos.empty() ? k : xpos[size_t(k)]; }
+  // pos's table for (order, K), kept from the last call when they match:
+  // rebuilding it cost a decode step's small nodes more than their GEMM.
+  static void positions(std::vector<int32_t>& pos, std::pair<TokenOrder, int64_t>& of, TokenOrder o, int64_t K) {
+    if (o == TokenOrder::KOrder) {
+      pos.clear();
+    } else if (of != std::pair<TokenOrder, int64_t>(o, K) || pos.size() != size_t(K)) {
+      pos.clear();
+      pos.reserve(size_t(K));
+      for (int64_t k = 0; k < K; ++k) pos.push_back(int32_t(token_pos(o, k, K)));
+    }
+    of = {o, K};
+  }
   friend size_t heap_bytes(const Operand& o) {
     return heap_bytes(o.x) + heap_bytes(o.q) + heap_bytes(o.qpos) + heap_bytes(o.qscale) + heap_bytes(o.qsum) +
            heap_bytes(o.xpos) + heap_bytes(o.xv);
