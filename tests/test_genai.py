@@ -319,14 +319,45 @@ def test_bf16_copy_of_a_builder_model(genai_models, tmp_path, rng):
 
 
 
-@pytest.mark.parametrize("arch,reason", [("gpt_oss", "sliding-window ring cache"),
-                                         ("lfm2_moe", "inputs the server does not feed")])
-def test_serving_what_the_server_cannot_drive_is_a_clear_error(arch, reason, genai_models):
-    """genai's gpt-oss keeps its sliding-window layers in a ring buffer
-    (GroupQueryAttention sliding_window_cache=1) and LFM2-MoE carries
-    convolution states beside its KV cache: hina-serve refuses both at load,
-    by name, instead of failing at the first request."""
-    from hinamoe.serve import ModelFolderError, ServeOptions, load_engine
 
-    with pytest.raises((ModelFolderError, ValueError), match=reason):
-        load_engine(genai_models(arch, "fp32"), ServeOptions(threads=2))
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_served_batch_matches_genai_greedy(precision, genai_models, rng):
+    """hina-serve's engine on genai's gpt-oss (KV rows filled from the
+    front; the sliding-window layers' GroupQueryAttention evicting inside
+    ring buffers, sliding_window_cache=1, each row its own ring): sequences
+    joining a running batch at different steps, prompts longer than the
+    window, give genai's own greedy tokens on HinaMoE."""
+    from hinamoe.serve import SamplingParams, ServeOptions, load_engine, read_model_folder
+
+    path = genai_models("gpt_oss", precision)
+    folder = read_model_folder(path)
+    assert folder.layout == "front" and folder.rings, folder
+    prompts = [rng.integers(0, 256, size=int(n)) for n in (9, 5, 13)]
+    model = hinamoe.genai.model(path)
+    want = [greedy(model, p, NEW_TOKENS)[0] for p in prompts]
+    del model
+    engine, _, _ = load_engine(path, ServeOptions(threads=2, parallel=3))
+    try:
+        streams = []
+        for p in prompts:  # each joins after the previous one's first token
+            s = engine.stream(list(p), SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
+            first = next(s)
+            assert first.error is None, first.error
+            streams.append((s, [first.token]))
+        got = []
+        for s, toks in streams:
+            toks += [ev.token for ev in s if ev.token is not None]
+            got.append(toks)
+    finally:
+        engine.stop()
+    assert engine.metrics.max_batch_size > 1
+    assert got == want
+
+
+def test_serving_a_folder_with_other_state_is_a_clear_error(genai_models):
+    """LFM2-MoE carries convolution states beside its KV cache: hina-serve
+    refuses it at load, by name, instead of failing at the first request."""
+    from hinamoe.serve import ServeOptions, load_engine
+
+    with pytest.raises(ValueError, match="inputs the server does not feed"):
+        load_engine(genai_models("lfm2_moe", "fp32"), ServeOptions(threads=2))

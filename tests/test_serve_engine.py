@@ -133,3 +133,36 @@ def test_export_folder_matches_optimum_generate(tiny_export, rng, arch):
         want = [int(t) for t in out[0, len(p):]]
         assert reason == "length" and len(toks) == new
         assert toks[:len(want)] == want, (toks, want)   # optimum stops at the end token
+
+
+def test_a_failing_request_ends_with_an_error_and_the_others_go_on(tiny_model, rng):  # noqa: F811
+    """A request whose prefill fails, and one that fails while joining the
+    batch after its first token, each end with an error event (never a
+    client left waiting); the requests beside them finish normally."""
+    tm = tiny_model
+    sess = make_session(tm.folder / "model.onnx", "HinaMoE", 2, {"strict": "1"})
+    runner = Runner(sess, "front")
+    engine = Engine(runner, tm.tokenizer, context_length=512, parallel=4)
+    bad_len, join_len = 17, 23
+    real_prefill, real_add = runner.prefill, engine._batch.add
+
+    def prefill(ids, caches, start):
+        if start + len(ids) == bad_len:
+            raise RuntimeError("injected prefill failure")
+        return real_prefill(ids, caches, start)
+
+    def add(caches, length):
+        if length == join_len:
+            raise RuntimeError("injected join failure")
+        return real_add(caches, length)
+
+    runner.prefill = prefill
+    engine._batch.add = add
+    lens = [5, bad_len, 9, join_len, 7]
+    try:
+        got = run_all(engine, [rng.integers(0, 256, n) for n in lens], 6)
+    finally:
+        engine.stop()
+    reasons = [reason for _, reason in got]
+    assert reasons == ["length", "error", "length", "error", "length"], reasons
+    assert [len(t) for t, _ in got] == [6, 0, 6, 1, 6]

@@ -45,7 +45,7 @@ class Client:
         else:
             providers = ["CPUExecutionProvider"]
         sess = ort.InferenceSession(str(self.folder.model_file), so, providers=providers)
-        runner = Runner(sess, self.folder.layout, self.folder.kv_shape)
+        runner = Runner(sess, self.folder.layout, self.folder.kv_shape, self.folder.rings)
         return {"runner": runner, "profiling": profile_prefix is not None}
 
     def generate(self, handle, prompt: np.ndarray, new_tokens: int):

@@ -154,18 +154,35 @@ class Engine:
                 dropped = [r for r in self._waiting if r.cancelled]
                 for r in dropped:
                     self._waiting.remove(r)
-            for r in dropped:
-                self._finish(r, "cancelled")
-            self._drop_cancelled()
             try:
-                if self._prefilling:
-                    self._prefill_chunk(self._prefilling[0])
+                for r in dropped:
+                    self._finish(r, "cancelled")
+                self._drop_cancelled()
+                self._step()
+            except Exception as e:  # never leaves the thread: every client gets its last event
+                log.exception("engine turn failed")
+                with self._cv:
+                    stranded = [*self._waiting, *self._prefilling, *self._rows]
+                    self._waiting.clear()
+                self._prefilling, self._rows, self._batch = [], [], self.runner.new_batch()
+                for r in stranded:
+                    self._finish(r, "error", f"the engine failed: {e}")
+
+    def _step(self) -> None:
+        """One prefill chunk, then one decode step; a failure fails only the
+        requests it concerns."""
+        if self._prefilling:
+            req = self._prefilling[0]
+            try:
+                self._prefill_chunk(req)
             except Exception as e:  # a bad request must not take the server down
                 log.exception("prefill failed")
-                self._finish(self._prefilling.pop(0), "error", f"prefill failed: {e}")
+                if req in self._prefilling:
+                    self._prefilling.remove(req)
+                self._finish(req, "error", f"prefill failed: {e}")
+        if self._rows:
             try:
-                if self._rows:
-                    self._decode_step()
+                self._decode_step()
             except Exception as e:
                 log.exception("decode step failed")
                 for r in self._rows:
@@ -182,7 +199,8 @@ class Engine:
 
     def _prefill_chunk(self, req: Request) -> None:
         start = req.prefilled
-        chunk = req.prompt[start:start + self.prefill_chunk]
+        size = len(req.prompt) if self.runner.whole_prompts else self.prefill_chunk
+        chunk = req.prompt[start:start + size]
         caches = req.caches if req.caches is not None else self.runner.empty_caches()
         t0 = time.perf_counter()
         logits, req.caches = self.runner.prefill(chunk, caches, start)

@@ -17,6 +17,10 @@ its P columns depends on how the graph attends:
 Sequences join after their own prefill and leave when done; the padding is
 then grown or trimmed, so P stays the longest row's length and a step reads
 no more cache than the longest sequence needs.
+
+A cache with a fixed capacity is a ring (a sliding-window layer whose
+GroupQueryAttention evicts inside it, ``sliding_window_cache=1``): each row
+keeps its own ring, rows are only stacked and dropped.
 """
 
 from __future__ import annotations
@@ -27,20 +31,25 @@ LAYOUTS = ("front", "back")
 
 
 class KVBatch:
-    def __init__(self, layout: str, layers: int, kv_heads: int, head_dim: int, dtype=np.float32):
+    def __init__(self, layout: str, layers: int, kv_heads: int, head_dim: int, dtype=np.float32,
+                 capacity: list[int | None] | None = None):
+        """``capacity``: per cache (2 per layer), None for a growing cache or
+        the ring's fixed size."""
         if layout not in LAYOUTS:
             raise ValueError(f"KV layout {layout!r}: one of {LAYOUTS}")
         self.layout, self.layers = layout, layers
         self.kv_heads, self.head_dim, self.dtype = kv_heads, head_dim, np.dtype(dtype)
+        self.capacity = list(capacity) if capacity is not None else [None] * (2 * layers)
         self.lengths: list[int] = []
-        self.caches: list[np.ndarray] = [self._empty(0, 0) for _ in range(2 * layers)]
+        self.caches: list[np.ndarray] = [self._empty(0, c or 0) for c in self.capacity]
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     @property
     def columns(self) -> int:
-        return self.caches[0].shape[2]
+        """Columns of the growing caches."""
+        return next((c.shape[2] for c, cap in zip(self.caches, self.capacity) if cap is None), 0)
 
     def _empty(self, rows: int, columns: int) -> np.ndarray:
         return np.zeros((rows, self.kv_heads, columns, self.head_dim), self.dtype)
@@ -60,7 +69,10 @@ class KVBatch:
             raise ValueError(f"{len(caches)} caches for a batch of {len(self.caches)}")
         cols = max(self.columns, length)
         grown = []
-        for old, new in zip(self.caches, caches):
+        for old, new, cap in zip(self.caches, caches, self.capacity):
+            if cap is not None:
+                grown.append(np.concatenate([old, new]))
+                continue
             arr = self._empty(len(self) + 1, cols)
             for r, n in enumerate(self.lengths):
                 self._place(arr[r], old[r], n)
@@ -77,9 +89,10 @@ class KVBatch:
         lengths = [self.lengths[r] for r in keep]
         cols = max(lengths, default=0)
         out = []
-        for arr in self.caches:
+        for arr, cap in zip(self.caches, self.capacity):
             arr = arr[keep]
-            arr = arr[:, :, :cols] if self.layout == "front" else arr[:, :, arr.shape[2] - cols:]
+            if cap is None:
+                arr = arr[:, :, :cols] if self.layout == "front" else arr[:, :, arr.shape[2] - cols:]
             out.append(np.ascontiguousarray(arr))
         self.caches, self.lengths = out, lengths
 

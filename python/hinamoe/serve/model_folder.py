@@ -34,6 +34,7 @@ class ModelFolder:
     context_length: int
     eos_token_ids: set[int] = field(default_factory=set)
     kv_shape: tuple[int, int] | None = None   # (KV heads, head size) where the folder's config says
+    rings: dict[str, int] = field(default_factory=dict)   # ring-buffer past inputs -> capacity
 
     @property
     def name(self) -> str:
@@ -65,19 +66,24 @@ def _ids(value) -> set[int]:
     return {int(v) for v in (value if isinstance(value, list) else [value])}
 
 
-def _check_cache_protocol(model_file: Path) -> None:
-    """The server keeps plain KV caches; a graph whose attention keeps a
-    ring buffer (genai's gpt-oss: GroupQueryAttention sliding_window_cache=1)
-    needs a protocol it does not speak."""
+def _ring_caches(model_file: Path, slack: int = 0) -> dict[str, int]:
+    """Past inputs kept as sliding-window rings (GroupQueryAttention
+    ``sliding_window_cache=1``, genai's gpt-oss) and their capacity: the
+    window plus genai's ``cache_slack``."""
     import onnx
 
     graph = onnx.load(str(model_file), load_external_data=False).graph
-    ring = [n.name for n in graph.node if n.op_type == "GroupQueryAttention"
-            and any(a.name == "sliding_window_cache" and a.i for a in n.attribute)]
-    if ring:
-        raise ModelFolderError(f"{model_file}: GroupQueryAttention {ring[0]!r} keeps a sliding-window ring cache "
-                               "(sliding_window_cache=1), which hina-serve does not drive yet; serve a hina-export "
-                               "folder of the same checkpoint instead")
+    rings = {}
+    for n in graph.node:
+        attrs = {a.name: a.i for a in n.attribute}
+        if n.op_type == "GroupQueryAttention" and attrs.get("sliding_window_cache"):
+            window = attrs.get("local_window_size", -1)
+            if window <= 0:
+                raise ModelFolderError(f"{model_file}: GroupQueryAttention {n.name!r} keeps a ring cache "
+                                       "without a local_window_size")
+            for past in n.input[3:5]:
+                rings[past] = window + slack
+    return rings
 
 
 def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
@@ -87,6 +93,7 @@ def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
     if not path.is_dir():
         raise ModelFolderError(f"{path} is not a folder")
     eos: set[int] = set()
+    slack = 0
     if (path / "genai_config.json").is_file():
         cfg = _json(path / "genai_config.json").get("model", {})
         kind, layout = "genai", "front"
@@ -96,6 +103,7 @@ def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
         dec = cfg.get("decoder", {})
         kv_shape = (dec["num_key_value_heads"], dec["head_size"]) if {"num_key_value_heads", "head_size"} <= set(dec) \
             else None
+        slack = int(dec.get("sliding_window", {}).get("cache_slack", 0))
     elif (path / "tiny_lm.json").is_file():
         kind, layout = "tiny_lm", "front"
         model_file = path / "model.onnx"
@@ -115,7 +123,7 @@ def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
                                "model.onnx + config.json from hina-export, or tiny_lm.json)")
     if not model_file.is_file():
         raise ModelFolderError(f"{path}: {model_file.name} is missing")
-    _check_cache_protocol(model_file)
+    rings = _ring_caches(model_file, slack)
     if (path / "generation_config.json").is_file():
         eos |= _ids(_json(path / "generation_config.json").get("eos_token_id"))
     if context_length < 0:
@@ -123,4 +131,4 @@ def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
     ctx = context_length or min(own or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
     if own and ctx > own:
         raise ModelFolderError(f"context length {ctx} exceeds the model's {own}")
-    return ModelFolder(path, model_file, kind, layout, ctx, eos, kv_shape)
+    return ModelFolder(path, model_file, kind, layout, ctx, eos, kv_shape, rings)

@@ -43,9 +43,13 @@ def make_session(model_file, ep: str = "HinaMoE", threads: int = 0, options: dic
 
 
 class Runner:
-    def __init__(self, sess, layout: str, kv_shape: tuple[int, int] | None = None):
+    def __init__(self, sess, layout: str, kv_shape: tuple[int, int] | None = None,
+                 rings: dict[str, int] | None = None):
         """``kv_shape``: (KV heads, head size) where the graph leaves them
-        symbolic (onnxruntime-genai's builder does)."""
+        symbolic (onnxruntime-genai's builder does). ``rings``: past inputs
+        kept as sliding-window ring buffers (GroupQueryAttention
+        ``sliding_window_cache=1``, genai's gpt-oss) and their capacity; the
+        op evicts inside them, so each is bound as its own present."""
         self.sess, self.layout = sess, layout
         inputs = {i.name: i for i in sess.get_inputs()}
         outputs = {o.name for o in sess.get_outputs()}
@@ -78,21 +82,50 @@ class Runner:
                              "and head size")
         self.has_positions = "position_ids" in inputs
         self.output_names = ["logits", *self.present_names]
+        rings = rings or {}
+        self.capacity = [rings.get(n) for n in self.past_names]   # None: a growing cache
         logits = next(o for o in sess.get_outputs() if o.name == "logits")
         self.vocab = logits.shape[-1] if isinstance(logits.shape[-1], int) else None
 
+    @property
+    def whole_prompts(self) -> bool:
+        """Prompts go in one call: a ring buffer holds less than a later chunk may need."""
+        return any(c is not None for c in self.capacity)
+
     def new_batch(self) -> KVBatch:
-        return KVBatch(self.layout, self.layers, self.kv_heads, self.head_dim, self.dtype)
+        return KVBatch(self.layout, self.layers, self.kv_heads, self.head_dim, self.dtype, self.capacity)
 
     def empty_caches(self) -> list[np.ndarray]:
-        return [np.zeros((1, self.kv_heads, 0, self.head_dim), self.dtype) for _ in self.past_names]
+        return [np.zeros((1, self.kv_heads, c or 0, self.head_dim), self.dtype) for c in self.capacity]
 
     def _run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, caches: list[np.ndarray]):
-        feeds = {"input_ids": ids, "attention_mask": mask, **dict(zip(self.past_names, caches))}
+        feeds = {"input_ids": ids, "attention_mask": mask}
         if self.has_positions:
             feeds["position_ids"] = positions
-        logits, *presents = self.sess.run(self.output_names, feeds)
-        return logits[:, -1].astype(np.float32), presents
+        if not self.whole_prompts:
+            feeds.update(zip(self.past_names, caches))
+            logits, *presents = self.sess.run(self.output_names, feeds)
+            return logits[:, -1].astype(np.float32), presents
+        import onnxruntime as ort
+
+        io = self.sess.io_binding()
+        for name, arr in feeds.items():
+            io.bind_cpu_input(name, np.ascontiguousarray(arr))
+        io.bind_output("logits")
+        keep = []
+        for past, present, arr, cap in zip(self.past_names, self.present_names, caches, self.capacity):
+            if cap is None:
+                io.bind_cpu_input(past, np.ascontiguousarray(arr))
+                io.bind_output(present)
+            else:  # the ring is past and present at once, updated in place
+                ov = ort.OrtValue.ortvalue_from_numpy(arr)
+                keep.append(ov)
+                io.bind_ortvalue_input(past, ov)
+                io.bind_ortvalue_output(present, ov)
+        self.sess.run_with_iobinding(io)
+        out = io.copy_outputs_to_cpu()   # in binding order: logits, then every present
+        presents = [got if cap is None else arr for got, arr, cap in zip(out[1:], caches, self.capacity)]
+        return out[0][:, -1].astype(np.float32), presents
 
     def prefill(self, ids: np.ndarray, caches: list[np.ndarray], start: int):
         """Appends ``ids`` (int64 ``[S]``) to one sequence whose ``caches``
