@@ -75,7 +75,8 @@ struct Operand {
   }
   int64_t pos(int64_t k) const { return xpos.empty() ? k : xpos[size_t(k)]; }
   // pos's table for (order, K), kept from the last call when they match:
-  // rebuilding it cost a decode step's small nodes more than their GEMM.
+  // at one token, K entries rebuilt per call are a visible share of a small
+  // node's time.
   static void positions(std::vector<int32_t>& pos, std::pair<TokenOrder, int64_t>& of, TokenOrder o, int64_t K) {
     if (o == TokenOrder::KOrder) {
       pos.clear();
