@@ -316,8 +316,11 @@ std::string gqa(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const
       keep_n = std::max<int64_t>(0, past - w->first);
     }
     if (!shared) {
-      std::memset(at_mut(t.present_key, base), 0, es * cap * d);
-      std::memset(at_mut(t.present_value, base), 0, es * cap * d);
+      // Zero what the copies below leave unwritten: without a window, the
+      // rows after past + S (a shorter row of a ragged batch); else all.
+      const int64_t z0 = w == nullptr ? std::min(cap, past + S) : 0;
+      std::memset(at_mut(t.present_key, base + z0 * d), 0, es * (cap - z0) * d);
+      std::memset(at_mut(t.present_value, base + z0 * d), 0, es * (cap - z0) * d);
     }
     // New K/V rows go to present (row past + i, or position - first when
     // windowed), or to the stage.
