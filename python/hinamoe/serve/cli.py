@@ -89,6 +89,9 @@ def main(argv=None) -> int:
         print(f"hina-serve: {e}", file=sys.stderr)
         return 2
     engine = app.state.engine
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print(f"hina-serve: warning: listening on {args.host} with no --api-key: anyone who can reach this port "
+              "can use the model", file=sys.stderr)
     print(f"hina-serve: {args.model_dir} on {args.ep}, {engine.parallel} slots of {engine.context_length} "
           f"tokens, http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
