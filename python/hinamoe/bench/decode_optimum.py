@@ -34,19 +34,14 @@ class Client:
         self.vocab_size = int(json.loads((self.path / "config.json").read_text())["vocab_size"])
 
     def load(self, ep: str, threads: int, isa: str, profile_prefix: str | None = None):
-        import onnxruntime as ort
         import torch
 
         from hinamoe.export import load_causal_lm
 
+        from .common import session_options
+
         torch.set_num_threads(threads)  # generate's own tensor work, beside the session's threads
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 3
-        if profile_prefix is not None:
-            so.enable_profiling = True
-            so.profile_file_prefix = profile_prefix
+        so = session_options(threads, profile_prefix)
         # strict: a MoE / GQA node HinaMoE would leave to the CPU EP fails the load.
         providers = [("HinaMoE", {"isa": isa, "strict": "1"})] if ep == "HinaMoE" else ["CPUExecutionProvider"]
         return {"model": load_causal_lm(self.path, providers=providers, session_options=so),

@@ -32,13 +32,9 @@ class Client:
         import hinamoe
         from hinamoe.serve import Runner
 
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 3
-        if profile_prefix is not None:
-            so.enable_profiling = True
-            so.profile_file_prefix = profile_prefix
+        from .common import session_options
+
+        so = session_options(threads, profile_prefix)
         if ep == "HinaMoE":
             hinamoe.register()
             providers = [("HinaMoE", {"isa": isa, "strict": "1"}), "CPUExecutionProvider"]
