@@ -10,7 +10,6 @@ import json
 import threading
 import time
 
-import numpy as np
 import pytest
 
 pytest.importorskip("fastapi")

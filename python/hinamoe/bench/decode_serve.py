@@ -18,13 +18,9 @@ class Client:
     def __init__(self, path: str | Path):
         from hinamoe.serve import read_model_folder
 
-        import onnx
-
         self.path = Path(path)
         self.folder = read_model_folder(self.path)
-        graph = onnx.load(str(self.folder.model_file), load_external_data=False).graph
-        logits = next(o for o in graph.output if o.name == "logits")
-        self.vocab_size = int(logits.type.tensor_type.shape.dim[-1].dim_value)
+        self.vocab_size = self.folder.vocab
 
     def load(self, ep: str, threads: int, isa: str, profile_prefix: str | None = None):
         import onnxruntime as ort

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .common import cpu_name
-from .serve import WORDS, Target, one_request, parse_target
+from .serve import WORDS, one_request, parse_target
 
 NAME = "serve-soak"
 HELP = "soak-test an OpenAI-compatible server: concurrent clients, bad requests mixed in, memory over time"

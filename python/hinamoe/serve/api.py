@@ -5,6 +5,7 @@ Prometheus ``/metrics``, on FastAPI."""
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 import uuid
@@ -156,7 +157,6 @@ def create_app(engine: Engine, tokenizer, model_name: str, api_key: str | None =
         chunk_kind = kind + ".chunk" if chat else kind
 
         def sse(payload: dict) -> str:
-            import json
             return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
         def chunk(choices: list, **extra) -> str:

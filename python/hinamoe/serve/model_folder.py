@@ -35,6 +35,7 @@ class ModelFolder:
     eos_token_ids: set[int] = field(default_factory=set)
     kv_shape: tuple[int, int] | None = None   # (KV heads, head size) where the folder's config says
     rings: dict[str, int] = field(default_factory=dict)   # ring-buffer past inputs -> capacity
+    vocab: int = 0                                        # the logits' last dimension (0: symbolic)
 
     @property
     def name(self) -> str:
@@ -66,10 +67,11 @@ def _ids(value) -> set[int]:
     return {int(v) for v in (value if isinstance(value, list) else [value])}
 
 
-def _ring_caches(model_file: Path, slack: int = 0) -> dict[str, int]:
-    """Past inputs kept as sliding-window rings (GroupQueryAttention
-    ``sliding_window_cache=1``, genai's gpt-oss) and their capacity: the
-    window plus genai's ``cache_slack``."""
+def _graph_facts(model_file: Path, slack: int = 0) -> tuple[dict[str, int], int]:
+    """From the graph (no weights loaded): the past inputs kept as
+    sliding-window rings (GroupQueryAttention ``sliding_window_cache=1``,
+    genai's gpt-oss) with their capacity, the window plus genai's
+    ``cache_slack``; and the vocabulary (the logits' last dimension)."""
     import onnx
 
     graph = onnx.load(str(model_file), load_external_data=False).graph
@@ -83,7 +85,9 @@ def _ring_caches(model_file: Path, slack: int = 0) -> dict[str, int]:
                                        "without a local_window_size")
             for past in n.input[3:5]:
                 rings[past] = window + slack
-    return rings
+    logits = next((o for o in graph.output if o.name == "logits"), None)
+    dims = logits.type.tensor_type.shape.dim if logits is not None else []
+    return rings, int(dims[-1].dim_value) if dims else 0
 
 
 def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
@@ -123,7 +127,7 @@ def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
                                "model.onnx + config.json from hina-export, or tiny_lm.json)")
     if not model_file.is_file():
         raise ModelFolderError(f"{path}: {model_file.name} is missing")
-    rings = _ring_caches(model_file, slack)
+    rings, vocab = _graph_facts(model_file, slack)
     if (path / "generation_config.json").is_file():
         eos |= _ids(_json(path / "generation_config.json").get("eos_token_id"))
     if context_length < 0:
@@ -131,4 +135,4 @@ def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
     ctx = context_length or min(own or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
     if own and ctx > own:
         raise ModelFolderError(f"context length {ctx} exceeds the model's {own}")
-    return ModelFolder(path, model_file, kind, layout, ctx, eos, kv_shape, rings)
+    return ModelFolder(path, model_file, kind, layout, ctx, eos, kv_shape, rings, vocab)

@@ -21,25 +21,15 @@ _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 def make_session(model_file, ep: str = "HinaMoE", threads: int = 0, options: dict | None = None):
     """A session on HinaMoE (its ``options``, e.g. ``{"strict": "1"}``; ORT's
-    CPU EP runs the nodes HinaMoE does not claim) or on the CPU EP alone."""
-    import onnxruntime as ort
+    CPU EP runs the nodes HinaMoE does not claim) or on the CPU EP alone
+    (``ep="cpu"``)."""
+    from ..models.tiny_lm import make_session as session
 
-    so = ort.SessionOptions()
-    if threads:
-        so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
     if ep.lower() == "cpu":
-        providers = ["CPUExecutionProvider"]
-    elif ep == "HinaMoE":
-        import hinamoe
-
-        hinamoe.register()
-        providers = [(hinamoe.get_ep_name(), {k: str(v) for k, v in (options or {}).items()}),
-                     "CPUExecutionProvider"]
-    else:
+        return session(str(model_file), "CPU", threads)
+    if ep != "HinaMoE":
         raise ValueError(f"unknown EP {ep!r}: 'HinaMoE' or 'cpu'")
-    return ort.InferenceSession(str(model_file), so, providers=providers)
+    return session(str(model_file), ep, threads, provider_options={k: str(v) for k, v in (options or {}).items()})
 
 
 class Runner:
@@ -84,13 +74,10 @@ class Runner:
         self.output_names = ["logits", *self.present_names]
         rings = rings or {}
         self.capacity = [rings.get(n) for n in self.past_names]   # None: a growing cache
+        # Prompts go in one call where a ring holds less than a later chunk may need.
+        self.whole_prompts = any(c is not None for c in self.capacity)
         logits = next(o for o in sess.get_outputs() if o.name == "logits")
         self.vocab = logits.shape[-1] if isinstance(logits.shape[-1], int) else None
-
-    @property
-    def whole_prompts(self) -> bool:
-        """Prompts go in one call: a ring buffer holds less than a later chunk may need."""
-        return any(c is not None for c in self.capacity)
 
     def new_batch(self) -> KVBatch:
         return KVBatch(self.layout, self.layers, self.kv_heads, self.head_dim, self.dtype, self.capacity)
