@@ -1,6 +1,7 @@
 """Helpers shared by the graph-pass tests: run passes on a ModelProto, count
 ops, prove from an ORT profile which EP ran each node, and run an exported
-decoder step by step with forced tokens."""
+decoder step by step with forced tokens, on inputs whose expert routing
+is not a near-tie."""
 
 from __future__ import annotations
 
@@ -131,3 +132,57 @@ def greedy_steps(sess, ids, mask, decode_steps: int, tokens=None):
         chosen.append(ids)
         mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
     return steps, chosen
+
+
+# ------------------------------------------------------------ routing near-ties
+
+# Two router logits closer than this are a coin toss between two fp32 runs
+# that differ by rounding upstream (summation order): the other expert is
+# picked and that token's output, and every later one attending to it,
+# differs by far more than rounding. Inputs with such a tie are redrawn.
+ROUTING_MARGIN = 1e-4
+
+
+def moe_routers(model: onnx.ModelProto | ir.Model) -> dict[str, int]:
+    """Router-logit tensor name -> k of each com.microsoft::MoE node. The
+    names are the gate MatMul outputs, so they exist in the unfused model too."""
+    proto = ir.to_proto(model) if isinstance(model, ir.Model) else model
+    routers = {}
+    for node in proto.graph.node:
+        if node.op_type == "MoE" and node.domain == "com.microsoft":
+            k = next(onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "k")
+            routers[node.input[1]] = int(k)
+    return routers
+
+
+def with_outputs(model: onnx.ModelProto, names) -> bytes:
+    """`model` serialised with the float tensors `names` added as outputs."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for name in names:
+        copy.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    return copy.SerializeToString()
+
+
+def routing_margin(steps, routers: dict[str, int]) -> float:
+    """The smallest gap between the k-th and (k+1)-th largest router logit
+    over every position, MoE layer and step."""
+    margin = np.inf
+    for outs in steps:
+        for name, k in routers.items():
+            logits = np.sort(outs[name].reshape(-1, outs[name].shape[-1]), axis=1)[:, ::-1]
+            margin = min(margin, float((logits[:, k - 1] - logits[:, k]).min()))
+    return margin
+
+
+def clear_routing_steps(draw, reference, routers: dict[str, int], decode_steps: int, tries: int = 20):
+    """Draws batches with `draw()` until `reference` (a session that also
+    outputs the `routers` tensors) routes every token of the prefill and
+    greedy decode by more than ROUTING_MARGIN. Returns (ids, mask, steps,
+    tokens) of that batch."""
+    for _ in range(tries):
+        ids, mask = draw()
+        steps, tokens = greedy_steps(reference, ids, mask, decode_steps)
+        if routing_margin(steps, routers) > ROUTING_MARGIN:
+            return ids, mask, steps, tokens
+    raise AssertionError(f"{tries} batches in a row had a router near-tie: routing_margin is broken")
