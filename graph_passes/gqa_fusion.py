@@ -16,8 +16,8 @@ heads)::
 
 What it becomes::
 
-    rotary on X_q / X_k in [B,S,heads,D] (the same elementwise ops, so the
-        same bits) -> Reshape [B,S,heads*D]
+    Reshape [B,S,heads*D] -> RotaryEmbedding(position_ids, cos/sin caches)
+        (or the same elementwise rotary in [B,S,heads,D], then Reshape)
     GroupQueryAttention(q, k, v, past_key, past_value, seqlens_k,
         total_sequence_length, attention_bias = Where(mask, 0, lowest)
         [, head_sink = sinks])
@@ -47,8 +47,14 @@ Why this construction keeps left-padded batches exact:
   rotates a first prompt at positions 0..S-1 whatever position_ids says,
   so a left-padded row would store keys rotated at shifted positions and
   every later decode step would read them wrong. Rotary inside the op is
-  therefore never emitted; the rotary nodes are rebuilt in [B,S,heads,D]
-  so no transposes remain.
+  therefore never emitted. Given the number of positions
+  (``rotary_positions``), q and k are each rotated by one
+  com.microsoft::RotaryEmbedding node that reads position_ids per token,
+  from cos/sin caches holding the export's own values (rotary_cache.py);
+  otherwise the elementwise rotary is rebuilt in [B,S,heads,D] so no
+  transposes remain.
+* The lengths, the attention bias and the row factor below are built once
+  for all layers that read the same mask with the same past length.
 
 Limits: float32 attention only; a step with past context and S > 1 new
 tokens needs batch 1 on ONNX Runtime's CPU GroupQueryAttention (prefill and
@@ -67,7 +73,7 @@ import re
 import numpy as np
 import onnx_ir as ir
 
-from . import rotary
+from . import rotary, rotary_cache
 from .graph_walk import const_array
 from .match_helpers import (NoMatch, check_axis, check_transpose, float_scalar, ints,
                             only_consumer, producer, scalar)
@@ -333,10 +339,15 @@ class _Builder:
     """Creates the fused nodes, sharing constants and the per-model rotary
     broadcast (cos/sin unsqueezed for [B, S, heads, D]) across layers."""
 
-    def __init__(self, graph: ir.Graph):
-        self.graph = graph
+    def __init__(self, model: ir.Model, rotary_positions: int | None):
+        self.model = model
+        self.graph = model.graph
+        self.rotary_positions = rotary_positions
+        self.caches: dict[tuple, tuple | None] = {}
         self.consts: dict[tuple, ir.Value] = {}
         self.bsnh: dict[ir.Value, ir.Value] = {}
+        self.lengths: dict[object, tuple] = {}
+        self.masks: dict[tuple, tuple] = {}
 
     def const(self, array: np.ndarray, name: str) -> ir.Value:
         key = (array.dtype.str, array.shape, array.tobytes())
@@ -351,41 +362,83 @@ class _Builder:
             self.bsnh[src] = tape.op("Unsqueeze", [src, self.const(np.array([2], np.int64), "axes")])
         return self.bsnh[src]
 
+    def rotary_caches(self, site: _Site):
+        """(position_ids, cos cache, sin cache) as graph values for
+        RotaryEmbedding, or None: without rotary_positions, or where the
+        exported cos/sin are not a per-position table (rotary_cache.py)."""
+        if not self.rotary_positions:
+            return None
+        key = (site.cos, site.sin, site.rotary_form)
+        if key not in self.caches:
+            found = rotary_cache.caches(self.model, site.cos, site.sin, site.rotary_form, site.head_dim,
+                                        self.rotary_positions)
+            if found is not None:
+                position_ids, cos, sin = found
+                found = (position_ids, self._initializer(cos, "cos_cache"), self._initializer(sin, "sin_cache"))
+            self.caches[key] = found
+        return self.caches[key]
+
+    def _initializer(self, array: np.ndarray, name: str) -> ir.Value:
+        value = ir.Value(name=f"gqa_fusion/{name}_{len(self.caches)}", const_value=ir.tensor(array))
+        self.graph.register_initializer(value)
+        return value
+
+    def lengths_and_mask(self, tape: ir.tape.Tape, site: _Site):
+        """(seqlens_k, total_sequence_length, attention_bias, row factor or
+        None) of `site`. The lengths are built once per past length and the
+        bias once per (mask, past length): layers whose past has the same
+        symbolic length (optimum names it past_sequence_length on every
+        layer) share them, so they are computed once per run, not per layer."""
+        past_dim = site.past_k.shape[2] if site.past_k.shape is not None else None
+        same_past = past_dim if isinstance(past_dim, ir.SymbolicDim) and past_dim.value else site.past_k
+        i64 = lambda *xs: np.array(xs, np.int64)  # noqa: E731
+        if same_past not in self.lengths:
+            # Every row holds past + S keys (padding is in the mask).
+            past_len = tape.op("Shape", [site.past_k], {"start": 2, "end": 3})
+            new_len = tape.op("Shape", [site.x_k], {"start": 1, "end": 2})
+            total = tape.op("Add", [past_len, new_len])
+            total_i32 = tape.op("Cast", [tape.op("Squeeze", [total, self.const(i64(0), "axes")])],
+                                {"to": ir.DataType.INT32})
+            batch = tape.op("Shape", [site.x_k], {"start": 0, "end": 1})
+            seqlens = tape.op("Expand", [tape.op("Cast", [tape.op("Sub", [total, self.const(i64(1), "one")])],
+                                                 {"to": ir.DataType.INT32}), batch])
+            self.lengths[same_past] = (seqlens, total_i32, total)
+        seqlens, total_i32, total = self.lengths[same_past]
+        key = (site.mask, site.mask_kind, same_past)
+        if key not in self.masks:
+            # Padding: the exported mask [B, 1, S, T] as an additive bias.
+            mask = tape.op("Slice", [site.mask, self.const(i64(0), "zero"), total, self.const(i64(3), "axes")])
+            row_factor = None
+            if site.mask_kind == "bool":
+                bias = tape.op("Where", [mask, self.const(np.array(0, np.float32), "zero_f"),
+                                         self.const(np.array(np.finfo(np.float32).min, np.float32), "lowest")])
+                visible = tape.op("ReduceMax", [tape.op("Cast", [mask], {"to": site.dtype}),
+                                                self.const(i64(1, 3), "axes")], {"keepdims": 0})
+                row_factor = tape.op("Unsqueeze", [visible, self.const(i64(-1), "axes")])
+            else:
+                bias = mask
+            self.masks[key] = (bias, row_factor)
+        return (seqlens, total_i32) + self.masks[key]
+
 
 def _fuse(graph: ir.Graph, b: _Builder, site: _Site) -> dict:
-    np_dtype = np.float32
     i64 = lambda *xs: np.array(xs, np.int64)  # noqa: E731
     tape = ir.tape.Tape()
     flat = b.const(i64(0, 0, -1), "bsd")
-    cos = b.cos_sin_bsnh(tape, site.cos)
-    sin = b.cos_sin_bsnh(tape, site.sin)
-    halves = b.const(rotary.halves_constant(site.head_dim), "halves")
-    q = tape.op("Reshape", [rotary.build(tape, halves, site.x_q, cos, sin, site.rotary_form), flat])
-    k = tape.op("Reshape", [rotary.build(tape, halves, site.x_k, cos, sin, site.rotary_form), flat])
+    cached = b.rotary_caches(site)
+    if cached is not None:
+        position_ids, cos_cache, sin_cache = cached
+        q, k = (tape.op("RotaryEmbedding", [tape.op("Reshape", [x, flat]), position_ids, cos_cache, sin_cache],
+                        {"interleaved": 0}, domain="com.microsoft") for x in (site.x_q, site.x_k))
+    else:
+        cos = b.cos_sin_bsnh(tape, site.cos)
+        sin = b.cos_sin_bsnh(tape, site.sin)
+        halves = b.const(rotary.halves_constant(site.head_dim), "halves")
+        q = tape.op("Reshape", [rotary.build(tape, halves, site.x_q, cos, sin, site.rotary_form), flat])
+        k = tape.op("Reshape", [rotary.build(tape, halves, site.x_k, cos, sin, site.rotary_form), flat])
     v = tape.op("Reshape", [site.x_v, flat])
 
-    # Lengths: every row holds past + S keys (padding is in the mask).
-    past_len = tape.op("Shape", [site.past_k], {"start": 2, "end": 3})
-    new_len = tape.op("Shape", [site.x_k], {"start": 1, "end": 2})
-    total = tape.op("Add", [past_len, new_len])
-    total_i32 = tape.op("Cast", [tape.op("Squeeze", [total, b.const(i64(0), "axes")])],
-                        {"to": ir.DataType.INT32})
-    batch = tape.op("Shape", [site.x_k], {"start": 0, "end": 1})
-    seqlens = tape.op("Expand", [tape.op("Cast", [tape.op("Sub", [total, b.const(i64(1), "one")])],
-                                         {"to": ir.DataType.INT32}), batch])
-
-    # Padding: the exported mask [B, 1, S, T] as an additive bias.
-    mask = tape.op("Slice", [site.mask, b.const(i64(0), "zero"), total, b.const(i64(3), "axes")])
-    row_factor = None
-    if site.mask_kind == "bool":
-        bias = tape.op("Where", [mask, b.const(np.array(0, np_dtype), "zero_f"),
-                                 b.const(np.array(np.finfo(np_dtype).min, np_dtype), "lowest")])
-        visible = tape.op("ReduceMax", [tape.op("Cast", [mask], {"to": site.dtype}),
-                                        b.const(i64(1, 3), "axes")], {"keepdims": 0})
-        row_factor = tape.op("Unsqueeze", [visible, b.const(i64(-1), "axes")])
-    else:
-        bias = mask
-
+    seqlens, total_i32, bias, row_factor = b.lengths_and_mask(tape, site)
     attn, present_k, present_v = tape.op_multi_out(
         "GroupQueryAttention",
         [q, k, v, site.past_k, site.past_v, seqlens, total_i32, None, None, None, bias,
@@ -407,6 +460,7 @@ def _fuse(graph: ir.Graph, b: _Builder, site: _Site) -> dict:
     removed = _remove_dead(graph, dead_roots)
     return {"layer": site.where, "num_heads": site.num_heads, "kv_num_heads": site.kv_num_heads,
             "head_dim": site.head_dim, "mask": site.mask_kind, "rotary": site.rotary_form,
+            "rotary_op": "RotaryEmbedding" if cached is not None else "elementwise",
             "sinks": site.sinks is not None, "nodes_removed": removed,
             "nodes_added": len(tape.nodes)}
 
@@ -445,11 +499,14 @@ def _kv_inputs(graph: ir.Graph) -> list[tuple[str, ir.Value, ir.Value]]:
     return [(str(i), k, v) for i, k, v in sorted(pairs, key=lambda p: p[0])]
 
 
-def apply(model: ir.Model, **options) -> PassReport:
-    """Fuses every layer whose attention matches; options are ignored."""
+def apply(model: ir.Model, *, rotary_positions: int | None = None, **options) -> PassReport:
+    """Fuses every layer whose attention matches. `rotary_positions` (the
+    model's max_position_embeddings) makes the rotation one RotaryEmbedding
+    node per q and k with cos/sin caches of that many positions; without it
+    the rotation stays elementwise. Other options are ignored."""
     report = PassReport(name=NAME)
     graph = model.graph
-    builder = _Builder(graph)
+    builder = _Builder(model, rotary_positions)
     for index, past_k, past_v in _kv_inputs(graph):
         if any(u.node.op_type == "GroupQueryAttention" for u in past_k.uses()):
             continue  # fused already (the pass ran before)

@@ -7,13 +7,15 @@ from typing import Callable
 import onnx
 import onnx_ir as ir
 
-from . import dtype, gqa_fusion, moe_fusion, quantize
+from . import dtype, gqa_fusion, moe_fusion, quantize, rms_norm, static_shapes
 from .report import FusionReport, PassReport, op_counts
 
 # (name, apply) in the order they run. Fusion passes add their entry here.
 PASSES: list[tuple[str, Callable[..., PassReport]]] = [
     (moe_fusion.NAME, moe_fusion.apply),
     (gqa_fusion.NAME, gqa_fusion.apply),
+    (static_shapes.NAME, static_shapes.apply),
+    (rms_norm.NAME, rms_norm.apply),
     (dtype.NAME, dtype.apply),
     (quantize.NAME, quantize.apply),
 ]
@@ -29,7 +31,9 @@ def run_passes(model: onnx.ModelProto | ir.Model, *, only: list[str] | None = No
     the report."""
     if isinstance(model, onnx.ModelProto):
         model = ir.serde.deserialize_model(model)
-    report = FusionReport(ops_before=op_counts(model.graph))
+    layers = sum(1 for v in model.graph.inputs
+                 if (v.name or "").startswith("past_key_values.") and (v.name or "").endswith(".key"))
+    report = FusionReport(ops_before=op_counts(model.graph), layers=layers)
     for name, apply in PASSES:
         if only is not None and name not in only:
             continue

@@ -38,6 +38,7 @@ class FusionReport:
     passes: list[PassReport] = dataclasses.field(default_factory=list)
     ops_before: dict[str, int] = dataclasses.field(default_factory=dict)
     ops_after: dict[str, int] = dataclasses.field(default_factory=dict)
+    layers: int = 0  # decoder layers (KV-cache inputs), 0 when unknown
 
     @property
     def nodes_before(self) -> int:
@@ -47,10 +48,15 @@ class FusionReport:
     def nodes_after(self) -> int:
         return sum(self.ops_after.values())
 
+    def per_layer(self, nodes: int) -> float | None:
+        """Nodes per decoder layer, the model's own few outside layers included."""
+        return nodes / self.layers if self.layers else None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "nodes_before": self.nodes_before,
             "nodes_after": self.nodes_after,
+            "layers": self.layers,
             "ops_before": self.ops_before,
             "ops_after": self.ops_after,
             "passes": [dataclasses.asdict(p) | {"matched": p.matched} for p in self.passes],
@@ -62,6 +68,9 @@ class FusionReport:
 
     def format_table(self) -> str:
         lines = [f"nodes: {self.nodes_before} -> {self.nodes_after}"]
+        if self.layers:
+            lines[0] += (f" ({self.layers} layers: {self.per_layer(self.nodes_before):.0f}"
+                         f" -> {self.per_layer(self.nodes_after):.0f} per layer)")
         for p in self.passes:
             lines.append(f"{p.name}: {p.matched} fused, {len(p.skipped)} left unfused")
             for site in p.fused:

@@ -173,14 +173,30 @@ def evaluate(value: ir.Value | None, known: dict | None = None, depth: int = 0) 
             return None
         return IntExpr(inner.items)
     if op == "Where":
-        # torch's expand idiom: Where(Equal(s, -1), ones, s) only replaces -1
-        # entries; with none present it is `s`.
+        # torch's expand idiom: Where(Equal(s, -1), ones, s) puts 1 (Expand's
+        # "keep this dim") where s says -1.
         cond = ins[0].producer() if ins[0] is not None else None
         shape = evaluate(ins[2], known, depth + 1)
-        if (cond is None or cond.op_type != "Equal" or shape is None
-                or cond.inputs[0] is not ins[2] or any(x == -1 for x in shape.items)):
+        if cond is None or cond.op_type != "Equal" or shape is None or cond.inputs[0] is not ins[2]:
             return None
+        if any(x == -1 for x in shape.items):
+            minus = evaluate(cond.inputs[1], known, depth + 1)
+            if minus is None or set(minus.items) != {-1}:
+                return None
+            ones = evaluate(ins[1], known, depth + 1)
+            if ones is None or len(ones.items) != len(shape.items) or any(o != 1 for o in ones.items):
+                return None
+            return IntExpr(tuple(1 if x == -1 else x for x in shape.items))
         return shape
+    if op == "ConstantOfShape":
+        # A 1-D fill whose length is a known int, e.g. the ones of the
+        # expand idiom above.
+        length = evaluate(ins[0], known, depth + 1)
+        fill = node.attributes.get("value")
+        arr = fill.value.numpy() if fill is not None else np.zeros(1, np.float32)
+        if length is None or length.ints() is None or len(length.items) != 1 or arr.dtype.kind not in "iu":
+            return None
+        return IntExpr((int(arr.reshape(-1)[0]),) * length.ints()[0])
     if op in ("Add", "Sub", "Mul", "Div"):
         a, b = evaluate(ins[0], known, depth + 1), evaluate(ins[1], known, depth + 1)
         if a is None or b is None:

@@ -36,9 +36,16 @@ def unfused_path(tiny_export):
     return lambda arch: tiny_export(arch).model
 
 
-def _fused(path):
+# Positions the RotaryEmbedding caches cover in these tests (prompts of up
+# to 8 tokens and 3 decode steps; the exports' own max is far larger).
+ROTARY_POSITIONS = 64
+ROTARY = ["elementwise", "RotaryEmbedding"]
+
+
+def _fused(path, rotary: str = "elementwise"):
     model = ir.load(str(path))
-    model, report = run_passes(model, only=[gqa_fusion.NAME])
+    model, report = run_passes(model, only=[gqa_fusion.NAME],
+                               rotary_positions=ROTARY_POSITIONS if rotary == "RotaryEmbedding" else None)
     (gqa_report,) = report.passes
     return model, gqa_report
 
@@ -137,11 +144,12 @@ def _vocab(model: ir.Model) -> int:
 # ------------------------------------------------------------------ structure
 
 
+@pytest.mark.parametrize("rotary", ROTARY)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_one_gqa_node_per_layer(arch, unfused_path):
+def test_one_gqa_node_per_layer(arch, rotary, unfused_path):
     unfused = ir.load(str(unfused_path(arch)))
     layers = _num_layers(unfused)
-    model, report = _fused(unfused_path(arch))
+    model, report = _fused(unfused_path(arch), rotary)
     ops = [n.op_type for n in model.graph]
     assert layers >= 2
     assert ops.count("GroupQueryAttention") == layers
@@ -152,6 +160,19 @@ def test_one_gqa_node_per_layer(arch, unfused_path):
                 and list(n.attributes.get_ints("perm") or []) == [0, 1, 3, 2]]
     for site in report.fused:
         assert site["nodes_removed"] > site["nodes_added"] > 0
+        assert site["rotary_op"] == rotary
+    if rotary == "RotaryEmbedding":
+        # One node per q and k per layer, read by the GQA node as they are.
+        assert ops.count("RotaryEmbedding") == 2 * layers
+        for node in model.graph:
+            if node.op_type == "GroupQueryAttention":
+                assert [node.inputs[i].producer().op_type for i in (0, 1)] == ["RotaryEmbedding"] * 2
+    # Lengths and bias are built once per mask (gpt-oss: sliding and full),
+    # not per layer.
+    gqa_nodes = [n for n in model.graph if n.op_type == "GroupQueryAttention"]
+    masks = {n.inputs[10] for n in gqa_nodes}
+    assert len(masks) == (2 if arch == "gpt_oss" else 1)
+    assert len({n.inputs[5] for n in gqa_nodes}) == 1  # seqlens_k, shared by both masks
     gqa = [n for n in model.graph if n.op_type == "GroupQueryAttention"]
     for node in gqa:
         assert node.domain == "com.microsoft"
@@ -167,16 +188,28 @@ def test_one_gqa_node_per_layer(arch, unfused_path):
     onnx.checker.check_model(_proto(model))
 
 
+def test_rotary_caches_from_external_data(unfused_path, tmp_path):
+    """Large exports keep their tensors (inv_freq included) in an external
+    data file: the caches are still computed from them."""
+    model = ir.load(str(unfused_path("qwen3_moe")))
+    external = tmp_path / "model.onnx"
+    ir.save(model, str(external), external_data="model.onnx_data", size_threshold_bytes=0)
+    _, report = _fused(external, "RotaryEmbedding")
+    assert report.matched >= 2
+    assert all(site["rotary_op"] == "RotaryEmbedding" for site in report.fused)
+
+
 # ------------------------------------------------------------------ numerics
 
 
+@pytest.mark.parametrize("rotary", ROTARY)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_fused_equals_unfused_left_padded(arch, unfused_path, rng):
+def test_fused_equals_unfused_left_padded(arch, rotary, unfused_path, rng):
     """Left-padded batch of 2 (different lengths): prefill + 3 decode steps,
     logits and present KV of the fused graph equal the unfused export's on
     the CPU EP."""
     path = unfused_path(arch)
-    model, report = _fused(path)
+    model, report = _fused(path, rotary)
     assert report.matched == _num_layers(model)
     want, got, mask = _run_both(cpu_session(str(path)), cpu_session(_proto(model)), rng, _vocab(model))
     assert (mask == 0).any(axis=1).tolist() == [False, True]  # row 1 really is left-padded
@@ -209,13 +242,14 @@ def _hinamoe_claims_gqa() -> bool:
         return False
 
 
+@pytest.mark.parametrize("rotary", ROTARY)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_fused_on_hinamoe_session(arch, unfused_path, rng, tmp_path):
+def test_fused_on_hinamoe_session(arch, rotary, unfused_path, rng, tmp_path):
     """The fused model on a HinaMoE session (CPU EP behind it for what the EP
     does not claim) equals the unfused export on the CPU EP. Where the EP
     claims GroupQueryAttention, the profile must show it ran there."""
     path = unfused_path(arch)
-    model, report = _fused(path)
+    model, report = _fused(path, rotary)
     sess = hina_session(_proto(model), no_fallback=False, cpu_fallback_provider=True,
                         profile_prefix=str(tmp_path / "hina"))
     want, got, mask = _run_both(cpu_session(str(path)), sess, rng, _vocab(model))

@@ -65,6 +65,13 @@ def fuse(model_path: str | Path, *, dtype: str = "fp32", block_size: int | None 
         raise ExportError(str(e)) from None
 
 
+def rotary_positions(config: dict) -> int | None:
+    """Positions the RotaryEmbedding caches cover: the checkpoint's
+    max_position_embeddings (None keeps the elementwise rotary)."""
+    value = config.get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def check_quant_options(ckpt, dtype: str, block_size: int | None, fuse_graph: bool) -> None:
     """--dtype int4/int8 and --block-size, checked before the (long) export:
     the block must be a power of two >= 16 dividing the experts' sizes."""
@@ -183,7 +190,7 @@ def export(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", f
         if fuse_graph:
             bar.set_postfix_str("graph passes" + (f", quantising to {dtype}" if dtype in INT_DTYPES else ""))
             model, report = fuse(unfused, dtype=dtype, block_size=block_size, accuracy_level=accuracy_level,
-                                 progress=progress)
+                                 progress=progress, rotary_positions=rotary_positions(ckpt.config))
             bar.update()
             bar.set_postfix_str("saving")
             model_path = save_model(model, out, threshold=threshold, progress=progress)
