@@ -72,8 +72,9 @@ import re
 
 import numpy as np
 import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
 
-from . import rotary, rotary_cache
+from . import mask_semantics, rotary, rotary_cache
 from .graph_walk import const_array
 from .match_helpers import (NoMatch, check_axis, check_transpose, float_scalar, ints,
                             only_consumer, producer, scalar)
@@ -81,6 +82,8 @@ from .report import PassReport
 from .shape_values import Dim, dims_of
 
 NAME = "gqa"
+# Model metadata a runner reads: past and present may be one buffer.
+SHARE_BUFFER_KEY = "hinamoe.past_present_share_buffer"
 
 
 @dataclasses.dataclass
@@ -344,6 +347,8 @@ class _Builder:
         self.graph = model.graph
         self.rotary_positions = rotary_positions
         self.caches: dict[tuple, tuple | None] = {}
+        self.forms: dict[tuple, tuple[bool, int | None]] = {}
+        self.graph_mask_input = next((v for v in model.graph.inputs if v.name == mask_semantics.MASK_INPUT), None)
         self.consts: dict[tuple, ir.Value] = {}
         self.bsnh: dict[ir.Value, ir.Value] = {}
         self.lengths: dict[object, tuple] = {}
@@ -382,6 +387,47 @@ class _Builder:
         value = ir.Value(name=f"gqa_fusion/{name}_{len(self.caches)}", const_value=ir.tensor(array))
         self.graph.register_initializer(value)
         return value
+
+    def padding_form(self, site: _Site) -> tuple[bool, int | None]:
+        """(True, sliding window or None) when `site`'s exported mask is
+        attention_mask's padding & causal [& a window] (mask_semantics.py),
+        so the op can take both from attention_mask; needs rotary_positions
+        (the longest context the model is exported for)."""
+        if not self.rotary_positions or self.graph_mask_input is None:
+            return False, None
+        key = (site.mask, site.mask_kind)
+        if key not in self.forms:
+            self.forms[key] = mask_semantics.window_of(self.model, site.mask, site.mask_kind, self.rotary_positions)
+        return self.forms[key]
+
+    def from_attention_mask(self, tape: ir.tape.Tape, site: _Site, row_factor: bool):
+        """(seqlens_k, total_sequence_length, attention_bias, row factor or
+        None) from attention_mask [B, T] alone, shared by every layer: T keys
+        in each row (seqlens_k = T - 1; the cache may hold more columns), the
+        padding as the bias [B, 1, S, T], causality from the op, and a pad
+        query's row factor 0 from its own mask entry."""
+        i64 = lambda *xs: np.array(xs, np.int64)  # noqa: E731
+        if "padding" not in self.lengths:
+            am = self.graph_mask_input
+            total = tape.op("Shape", [am], {"start": 1, "end": 2})
+            total_i32 = tape.op("Cast", [tape.op("Squeeze", [total, self.const(i64(0), "axes")])],
+                                {"to": ir.DataType.INT32})
+            batch = tape.op("Shape", [am], {"start": 0, "end": 1})
+            seqlens = tape.op("Expand", [tape.op("Cast", [tape.op("Sub", [total, self.const(i64(1), "one")])],
+                                                 {"to": ir.DataType.INT32}), batch])
+            new_len = tape.op("Shape", [site.x_k], {"start": 1, "end": 2})
+            keys = tape.op("Unsqueeze", [tape.op("Cast", [am], {"to": ir.DataType.BOOL}),
+                                         self.const(i64(1, 2), "axes")])
+            bias = tape.op("Where", [keys, self.const(np.array(0, np.float32), "zero_f"),
+                                     self.const(np.array(np.finfo(np.float32).min, np.float32), "lowest")])
+            rows = tape.op("Concat", [self.const(i64(1, 1), "ones"), new_len, self.const(i64(1), "one")],
+                           {"axis": 0})
+            bias = tape.op("Expand", [bias, rows])
+            own = tape.op("Slice", [am, tape.op("Sub", [total, new_len]), total, self.const(i64(1), "axes")])
+            factor = tape.op("Unsqueeze", [tape.op("Cast", [own], {"to": site.dtype}), self.const(i64(-1), "axes")])
+            self.lengths["padding"] = (seqlens, total_i32, bias, factor)
+        seqlens, total_i32, bias, factor = self.lengths["padding"]
+        return seqlens, total_i32, bias, factor if row_factor else None
 
     def lengths_and_mask(self, tape: ir.tape.Tape, site: _Site):
         """(seqlens_k, total_sequence_length, attention_bias, row factor or
@@ -438,14 +484,20 @@ def _fuse(graph: ir.Graph, b: _Builder, site: _Site) -> dict:
         k = tape.op("Reshape", [rotary.build(tape, halves, site.x_k, cos, sin, site.rotary_form), flat])
     v = tape.op("Reshape", [site.x_v, flat])
 
-    seqlens, total_i32, bias, row_factor = b.lengths_and_mask(tape, site)
+    padding, window = b.padding_form(site)
+    if padding:
+        seqlens, total_i32, bias, row_factor = b.from_attention_mask(tape, site, site.mask_kind == "bool")
+    else:
+        seqlens, total_i32, bias, row_factor = b.lengths_and_mask(tape, site)
+    attrs = {"num_heads": site.num_heads, "kv_num_heads": site.kv_num_heads, "scale": float(site.scale),
+             "do_rotary": 0}
+    if window:
+        attrs["local_window_size"] = window
     attn, present_k, present_v = tape.op_multi_out(
         "GroupQueryAttention",
         [q, k, v, site.past_k, site.past_v, seqlens, total_i32, None, None, None, bias,
          None if site.sinks is None else b.const(site.sinks, "head_sink")],
-        {"num_heads": site.num_heads, "kv_num_heads": site.kv_num_heads, "scale": float(site.scale),
-         "do_rotary": 0},
-        domain="com.microsoft", num_outputs=3, name=f"{site.where}/GroupQueryAttention")
+        attrs, domain="com.microsoft", num_outputs=3, name=f"{site.where}/GroupQueryAttention")
     out = attn if row_factor is None else tape.op("Mul", [attn, row_factor])
 
     old_out_node = site.out.producer()
@@ -461,6 +513,7 @@ def _fuse(graph: ir.Graph, b: _Builder, site: _Site) -> dict:
     return {"layer": site.where, "num_heads": site.num_heads, "kv_num_heads": site.kv_num_heads,
             "head_dim": site.head_dim, "mask": site.mask_kind, "rotary": site.rotary_form,
             "rotary_op": "RotaryEmbedding" if cached is not None else "elementwise",
+            "lengths": "attention_mask" if padding else "past shape", "window": window,
             "sinks": site.sinks is not None, "nodes_removed": removed,
             "nodes_added": len(tape.nodes)}
 
@@ -522,6 +575,12 @@ def apply(model: ir.Model, *, rotary_positions: int | None = None, **options) ->
         report.fused.append(_fuse(graph, builder, site))
     if report.fused:
         graph.sort()
+        common_passes.RemoveUnusedNodesPass()(model)
+        pasts = [v for v in graph.inputs if (v.name or "").startswith("past_key_values.")]
+        if all(u.node.op_type == "GroupQueryAttention" for v in pasts for u in v.uses()):
+            # Nothing reads the past's length any more: a runner may bind
+            # each cache as past and present at once, with spare columns.
+            model.metadata_props[SHARE_BUFFER_KEY] = "1"
         if "com.microsoft" not in model.opset_imports:
             model.opset_imports["com.microsoft"] = 1
     return report

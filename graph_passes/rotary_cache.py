@@ -17,65 +17,11 @@ elementwise rotary.
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
+from .subgraph_run import graph_slice, slice_runner
+
 POSITIONS_INPUT = "position_ids"
-
-
-def _slice(graph: ir.Graph, outputs: list[ir.Value]) -> tuple[list[ir.Node], set[ir.Value]] | None:
-    """Nodes computing `outputs` and the graph inputs they read."""
-    graph_inputs = set(graph.inputs)
-    nodes: set[ir.Node] = set()
-    inputs: set[ir.Value] = set()
-    work = list(outputs)
-    while work:
-        value = work.pop()
-        if value is None or value.const_value is not None:
-            continue
-        if value in graph_inputs:
-            inputs.add(value)
-            continue
-        node = value.producer()
-        if node is None:
-            return None
-        if node not in nodes:
-            nodes.add(node)
-            work.extend(node.inputs)
-    order = {node: i for i, node in enumerate(graph)}
-    return sorted(nodes, key=order.__getitem__), inputs
-
-
-def _runner(model: ir.Model, nodes: list[ir.Node], outputs: list[ir.Value]):
-    """An ORT session of `nodes` alone: position_ids in, `outputs` out."""
-    import onnxruntime as ort
-
-    # Tensors are copied in memory: the model's external data file is not
-    # where a model built from bytes would look for it.
-    inits, seen = [], set()
-    for node in nodes:
-        for value in node.inputs:
-            if value is not None and value.const_value is not None and value.name not in seen:
-                seen.add(value.name)
-                inits.append(onnx.numpy_helper.from_array(value.const_value.numpy(), value.name))
-    protos = []
-    for node in nodes:
-        proto = ir.serde.serialize_node(node)
-        for attr in proto.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_location == onnx.TensorProto.EXTERNAL:
-                attr.t.CopyFrom(onnx.numpy_helper.from_array(node.attributes[attr.name].value.numpy(), attr.t.name))
-        protos.append(proto)
-    graph = onnx.helper.make_graph(
-        protos, "rotary_cos_sin",
-        [onnx.helper.make_tensor_value_info(POSITIONS_INPUT, onnx.TensorProto.INT64, ["b", "s"])],
-        [onnx.helper.make_tensor_value_info(v.name, onnx.TensorProto.FLOAT, None) for v in outputs], inits)
-    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v)
-                                                          for d, v in model.opset_imports.items()])
-    proto.ir_version = model.ir_version
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return lambda pos: sess.run(None, {POSITIONS_INPUT: pos})
 
 
 def caches(model: ir.Model, cos: ir.Value, sin: ir.Value, form: str, head_dim: int, positions: int):
@@ -84,7 +30,7 @@ def caches(model: ir.Model, cos: ir.Value, sin: ir.Value, form: str, head_dim: i
     per-position function."""
     if positions < 1:
         return None
-    found = _slice(model.graph, [cos, sin])
+    found = graph_slice(model.graph, [cos, sin])
     if found is None:
         return None
     nodes, inputs = found
@@ -92,7 +38,8 @@ def caches(model: ir.Model, cos: ir.Value, sin: ir.Value, form: str, head_dim: i
         return None
     (position_ids,) = inputs
     try:
-        run = _runner(model, nodes, [cos, sin])
+        session = slice_runner(model, nodes, inputs, [cos, sin])
+        run = lambda pos: session({POSITIONS_INPUT: pos})  # noqa: E731
         c, s = run(np.arange(positions, dtype=np.int64)[None, :])
         if c.dtype != np.float32 or s.dtype != np.float32:
             return None

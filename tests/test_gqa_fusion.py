@@ -171,7 +171,22 @@ def test_one_gqa_node_per_layer(arch, rotary, unfused_path):
     # not per layer.
     gqa_nodes = [n for n in model.graph if n.op_type == "GroupQueryAttention"]
     masks = {n.inputs[10] for n in gqa_nodes}
-    assert len(masks) == (2 if arch == "gpt_oss" else 1)
+    if rotary == "RotaryEmbedding":
+        # With the context length known, the exported masks are checked to
+        # be attention_mask's padding & causal (& gpt-oss's window of 4 on
+        # every other layer): one bias from attention_mask serves all layers,
+        # the window goes to local_window_size, and no node reads the
+        # past's length, so the caches may be shared buffers.
+        assert len(masks) == 1
+        assert all(site["lengths"] == "attention_mask" for site in report.fused)
+        windows = [n.attributes.get_int("local_window_size", -1) for n in gqa_nodes]
+        assert windows == ([4, -1] * layers)[:layers] if arch == "gpt_oss" else windows == [-1] * layers
+        assert model.metadata_props.get(gqa_fusion.SHARE_BUFFER_KEY) == "1"
+        for past in model.graph.inputs:
+            if past.name.startswith("past_key_values."):
+                assert {u.node.op_type for u in past.uses()} == {"GroupQueryAttention"}
+    else:
+        assert len(masks) == (2 if arch == "gpt_oss" else 1)
     assert len({n.inputs[5] for n in gqa_nodes}) == 1  # seqlens_k, shared by both masks
     gqa = [n for n in model.graph if n.op_type == "GroupQueryAttention"]
     for node in gqa:

@@ -118,6 +118,7 @@ def test_export_folder_matches_optimum_generate(tiny_export, rng, arch):
     folder = read_model_folder(exp.model.parent)
     assert folder.kind == "export" and folder.layout == "back"
     engine, tok, _ = load_engine(exp.model.parent, ServeOptions(threads=2, parallel=3, prefill_chunk=5))
+    assert engine.runner.spare > 0  # hina-export's graph reads lengths from attention_mask: shared caches
     vocab = engine.runner.vocab
     prompts = [rng.integers(3, vocab, int(n)) for n in (4, 11, 7, 16)]  # longer than gpt-oss's window
     new = 8

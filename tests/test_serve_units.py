@@ -127,14 +127,19 @@ def cache_rows(batch: KVBatch):
         if batch.layout == "front":
             out.append([c[r, :, :n] for c in batch.caches])
         else:
-            out.append([c[r, :, c.shape[2] - n:] for c in batch.caches])
+            out.append([c[r, :, batch.columns - n:batch.columns] for c in batch.caches])
     return out
 
 
+@pytest.mark.parametrize("spare", [0, 3], ids=["apart", "shared"])
 @pytest.mark.parametrize("layout", ["front", "back"])
-def test_kv_batch_keeps_rows_through_joins_and_leaves(rng, layout):
+def test_kv_batch_keeps_rows_through_joins_and_leaves(rng, layout, spare):
+    """Rows join and leave while the batch decodes; every row keeps its
+    tokens where the mask says. "shared": the caches have spare columns and
+    the op writes each new key into them in place (a spare of 3 runs out
+    every few steps and moves the caches to larger buffers)."""
     layers, heads, d = 2, 3, 4
-    batch = KVBatch(layout, layers, heads, d)
+    batch = KVBatch(layout, layers, heads, d, spare=spare)
     want = []   # (length, [caches]) per live row
     for step in range(12):
         if step % 3 == 0 or not want:           # a sequence joins
@@ -160,6 +165,12 @@ def test_kv_batch_keeps_rows_through_joins_and_leaves(rng, layout):
         new = [rng.standard_normal((len(lens), heads, 1, d)).astype(np.float32) for _ in range(2 * layers)]
         presents = []
         for c, k in zip(batch.caches, new):
+            if spare:   # in place: the column each row's mask opens, inside the buffer
+                assert c.shape[2] >= batch.columns + 1
+                for r, n in enumerate(lens):
+                    c[r, :, n if layout == "front" else batch.columns] = k[r, :, 0]
+                presents.append(c)
+                continue
             if layout == "front":
                 p = np.zeros((c.shape[0], heads, max(c.shape[2], lens.max() + 1), d), np.float32)
                 p[:, :, :c.shape[2]] = c

@@ -15,6 +15,11 @@ import numpy as np
 
 from .kv_batch import KVBatch
 
+# Model metadata: past and present may be one buffer (graph_passes.gqa_fusion).
+SHARE_BUFFER_KEY = "hinamoe.past_present_share_buffer"
+# Columns a shared cache holds beyond its tokens: a move to a larger buffer
+# every SPARE_COLUMNS steps instead of a copy of the cache every step.
+SPARE_COLUMNS = 64
 _PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)$")
 _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -78,18 +83,28 @@ class Runner:
         self.whole_prompts = any(c is not None for c in self.capacity)
         logits = next(o for o in sess.get_outputs() if o.name == "logits")
         self.vocab = logits.shape[-1] if isinstance(logits.shape[-1], int) else None
+        # A graph that reads its lengths from attention_mask alone (hina-export
+        # marks it) decodes with each growing cache bound as past and present.
+        meta = sess.get_modelmeta().custom_metadata_map
+        self.spare = SPARE_COLUMNS if meta.get(SHARE_BUFFER_KEY) == "1" else 0
 
     def new_batch(self) -> KVBatch:
-        return KVBatch(self.layout, self.layers, self.kv_heads, self.head_dim, self.dtype, self.capacity)
+        return KVBatch(self.layout, self.layers, self.kv_heads, self.head_dim, self.dtype, self.capacity,
+                       spare=self.spare)
 
     def empty_caches(self) -> list[np.ndarray]:
         return [np.zeros((1, self.kv_heads, c or 0, self.head_dim), self.dtype) for c in self.capacity]
 
-    def _run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, caches: list[np.ndarray]):
+    def _run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, caches: list[np.ndarray],
+             shared: bool = False):
+        """Logits of the last position [B, V] and the presents. Rings, and
+        with ``shared`` every cache, are bound as past and present at once
+        (written in place; returned as they are)."""
         feeds = {"input_ids": ids, "attention_mask": mask}
         if self.has_positions:
             feeds["position_ids"] = positions
-        if not self.whole_prompts:
+        in_place = [shared or cap is not None for cap in self.capacity]
+        if not any(in_place):
             feeds.update(zip(self.past_names, caches))
             logits, *presents = self.sess.run(self.output_names, feeds)
             return logits[:, -1].astype(np.float32), presents
@@ -100,19 +115,22 @@ class Runner:
             io.bind_cpu_input(name, np.ascontiguousarray(arr))
         io.bind_output("logits")
         keep = []
-        for past, present, arr, cap in zip(self.past_names, self.present_names, caches, self.capacity):
-            if cap is None:
+        for past, present, arr, here in zip(self.past_names, self.present_names, caches, in_place):
+            if not here:
                 io.bind_cpu_input(past, np.ascontiguousarray(arr))
                 io.bind_output(present)
-            else:  # the ring is past and present at once, updated in place
+            else:
                 ov = ort.OrtValue.ortvalue_from_numpy(arr)
                 keep.append(ov)
                 io.bind_ortvalue_input(past, ov)
                 io.bind_ortvalue_output(present, ov)
         self.sess.run_with_iobinding(io)
-        out = io.copy_outputs_to_cpu()   # in binding order: logits, then every present
-        presents = [got if cap is None else arr for got, arr, cap in zip(out[1:], caches, self.capacity)]
-        return out[0][:, -1].astype(np.float32), presents
+        # In binding order: logits, then every present. Those in place are
+        # the caches already: only the others are read out (copying the
+        # shared ones would cost what sharing saves).
+        out = io.get_outputs()
+        presents = [arr if here else got.numpy() for arr, here, got in zip(caches, in_place, out[1:])]
+        return out[0].numpy()[:, -1].astype(np.float32), presents
 
     def prefill(self, ids: np.ndarray, caches: list[np.ndarray], start: int):
         """Appends ``ids`` (int64 ``[S]``) to one sequence whose ``caches``
@@ -129,6 +147,6 @@ class Runner:
         ``[B, V]`` and advances the batch."""
         step = batch.step_inputs()
         logits, presents = self._run(np.asarray(tokens, np.int64)[:, None], step["attention_mask"],
-                                     step["position_ids"], batch.caches)
+                                     step["position_ids"], batch.caches, shared=batch.shared)
         batch.advance(presents)
         return logits
