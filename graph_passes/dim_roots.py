@@ -255,12 +255,23 @@ def _split(roots: DimRoots, node: ir.Node):
 
 
 def _slice(roots: DimRoots, node: ir.Node):
+    """Sliced axes get fresh roots, except x[a - n : a] on one axis, which
+    has n elements."""
     x = roots._in(node, 0)
     if x is None:
         return None
     axes = const_array(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
     cut = range(len(x)) if axes is None else {int(a) % len(x) for a in axes.reshape(-1)}
-    return [[None if a in cut else d for a, d in enumerate(x)]]
+    out = [None if a in cut else d for a, d in enumerate(x)]
+    start, end = node.inputs[1], node.inputs[2]
+    sub = start.producer()
+    steps = node.inputs[4] if len(node.inputs) > 4 else None
+    if (len(cut) == 1 and sub is not None and sub.op_type == "Sub" and sub.inputs[0] is end
+            and (steps is None or const_array(steps).tolist() == [1])):
+        n = roots.evaluate(sub.inputs[1])
+        if n is not None and len(n.items) == 1:
+            out[next(iter(cut))] = roots.root_of(n.items[0])
+    return [out]
 
 
 def _reduce(roots: DimRoots, node: ir.Node):
