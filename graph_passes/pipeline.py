@@ -7,7 +7,7 @@ from typing import Callable
 import onnx
 import onnx_ir as ir
 
-from . import dtype, gqa_fusion, moe_fusion, quantize, rms_norm, static_shapes
+from . import dtype, gqa_fusion, matmul_packing, moe_fusion, quantize, rms_norm, static_shapes
 from .report import FusionReport, PassReport, op_counts
 
 # (name, apply) in the order they run. Fusion passes add their entry here.
@@ -16,6 +16,7 @@ PASSES: list[tuple[str, Callable[..., PassReport]]] = [
     (gqa_fusion.NAME, gqa_fusion.apply),
     (static_shapes.NAME, static_shapes.apply),
     (rms_norm.NAME, rms_norm.apply),
+    (matmul_packing.NAME, matmul_packing.apply),
     (dtype.NAME, dtype.apply),
     (quantize.NAME, quantize.apply),
 ]

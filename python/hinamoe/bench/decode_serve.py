@@ -37,7 +37,8 @@ class Client:
         else:
             providers = ["CPUExecutionProvider"]
         sess = ort.InferenceSession(str(self.folder.model_file), so, providers=providers)
-        runner = Runner(sess, self.folder.layout, self.folder.kv_shape, self.folder.rings)
+        runner = Runner(sess, self.folder.layout, self.folder.kv_shape, self.folder.rings,
+                        share_buffer=self.folder.share_buffer)
         return {"runner": runner, "profiling": profile_prefix is not None}
 
     def generate(self, handle, prompt: np.ndarray, new_tokens: int):

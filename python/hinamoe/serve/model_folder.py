@@ -36,6 +36,7 @@ class ModelFolder:
     kv_shape: tuple[int, int] | None = None   # (KV heads, head size) where the folder's config says
     rings: dict[str, int] = field(default_factory=dict)   # ring-buffer past inputs -> capacity
     vocab: int = 0                                        # the logits' last dimension (0: symbolic)
+    share_buffer: bool = False  # caches may be bound as past and present at once (spare columns)
 
     @property
     def name(self) -> str:
@@ -67,14 +68,19 @@ def _ids(value) -> set[int]:
     return {int(v) for v in (value if isinstance(value, list) else [value])}
 
 
-def _graph_facts(model_file: Path, slack: int = 0) -> tuple[dict[str, int], int]:
+def _graph_facts(model_file: Path, slack: int = 0) -> tuple[dict[str, int], int, bool]:
     """From the graph (no weights loaded): the past inputs kept as
     sliding-window rings (GroupQueryAttention ``sliding_window_cache=1``,
     genai's gpt-oss) with their capacity, the window plus genai's
-    ``cache_slack``; and the vocabulary (the logits' last dimension)."""
+    ``cache_slack``; the vocabulary (the logits' last dimension); and whether
+    its metadata allows past and present to share buffers (hina-export)."""
     import onnx
 
-    graph = onnx.load(str(model_file), load_external_data=False).graph
+    from .runner import SHARE_BUFFER_KEY
+
+    model = onnx.load(str(model_file), load_external_data=False)
+    graph = model.graph
+    marked = any(p.key == SHARE_BUFFER_KEY and p.value == "1" for p in model.metadata_props)
     rings = {}
     for n in graph.node:
         attrs = {a.name: a.i for a in n.attribute}
@@ -87,7 +93,7 @@ def _graph_facts(model_file: Path, slack: int = 0) -> tuple[dict[str, int], int]
                 rings[past] = window + slack
     logits = next((o for o in graph.output if o.name == "logits"), None)
     dims = logits.type.tensor_type.shape.dim if logits is not None else []
-    return rings, int(dims[-1].dim_value) if dims else 0
+    return rings, int(dims[-1].dim_value) if dims else 0, marked
 
 
 def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
@@ -108,11 +114,15 @@ def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
         kv_shape = (dec["num_key_value_heads"], dec["head_size"]) if {"num_key_value_heads", "head_size"} <= set(dec) \
             else None
         slack = int(dec.get("sliding_window", {}).get("cache_slack", 0))
+        # genai's own loop shares them where its config says so: the graph
+        # then reads every length from the attention mask.
+        share = bool(_json(path / "genai_config.json").get("search", {}).get("past_present_share_buffer", False))
     elif (path / "tiny_lm.json").is_file():
         kind, layout = "tiny_lm", "front"
         model_file = path / "model.onnx"
         own = int(_json(path / "tiny_lm.json").get("max_length", 0))
         kv_shape = None  # its graph names them
+        share = False
     elif (path / "model.onnx").is_file() and (path / "config.json").is_file():
         kind, layout = "export", "back"
         model_file = path / "model.onnx"
@@ -122,12 +132,14 @@ def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
         heads = cfg.get("num_attention_heads")
         head_dim = cfg.get("head_dim") or (cfg["hidden_size"] // heads if heads and "hidden_size" in cfg else None)
         kv_shape = (cfg.get("num_key_value_heads", heads), head_dim) if heads and head_dim else None
+        share = False  # unless the graph's metadata says so (below)
     else:
         raise ModelFolderError(f"{path}: not a model folder (expected genai_config.json, "
                                "model.onnx + config.json from hina-export, or tiny_lm.json)")
     if not model_file.is_file():
         raise ModelFolderError(f"{path}: {model_file.name} is missing")
-    rings, vocab = _graph_facts(model_file, slack)
+    rings, vocab, marked = _graph_facts(model_file, slack)
+    share = share or marked
     if (path / "generation_config.json").is_file():
         eos |= _ids(_json(path / "generation_config.json").get("eos_token_id"))
     if context_length < 0:
@@ -135,4 +147,4 @@ def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
     ctx = context_length or min(own or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
     if own and ctx > own:
         raise ModelFolderError(f"context length {ctx} exceeds the model's {own}")
-    return ModelFolder(path, model_file, kind, layout, ctx, eos, kv_shape, rings, vocab)
+    return ModelFolder(path, model_file, kind, layout, ctx, eos, kv_shape, rings, vocab, share)

@@ -39,12 +39,15 @@ def make_session(model_file, ep: str = "HinaMoE", threads: int = 0, options: dic
 
 class Runner:
     def __init__(self, sess, layout: str, kv_shape: tuple[int, int] | None = None,
-                 rings: dict[str, int] | None = None):
+                 rings: dict[str, int] | None = None, share_buffer: bool = False):
         """``kv_shape``: (KV heads, head size) where the graph leaves them
         symbolic (onnxruntime-genai's builder does). ``rings``: past inputs
         kept as sliding-window ring buffers (GroupQueryAttention
         ``sliding_window_cache=1``, genai's gpt-oss) and their capacity; the
-        op evicts inside them, so each is bound as its own present."""
+        op evicts inside them, so each is bound as its own present.
+        ``share_buffer``: every cache may be past and present at once (genai's
+        ``past_present_share_buffer``; hina-export marks its graphs in their
+        metadata, which is read here too)."""
         self.sess, self.layout = sess, layout
         inputs = {i.name: i for i in sess.get_inputs()}
         outputs = {o.name for o in sess.get_outputs()}
@@ -86,7 +89,7 @@ class Runner:
         # A graph that reads its lengths from attention_mask alone (hina-export
         # marks it) decodes with each growing cache bound as past and present.
         meta = sess.get_modelmeta().custom_metadata_map
-        self.spare = SPARE_COLUMNS if meta.get(SHARE_BUFFER_KEY) == "1" else 0
+        self.spare = SPARE_COLUMNS if share_buffer or meta.get(SHARE_BUFFER_KEY) == "1" else 0
 
     def new_batch(self) -> KVBatch:
         return KVBatch(self.layout, self.layers, self.kv_heads, self.head_dim, self.dtype, self.capacity,

@@ -32,7 +32,8 @@ def load_engine(model_dir, opts: ServeOptions):
     if opts.ep == "HinaMoE":
         provider_options.setdefault("strict", "1" if opts.strict else "0")
     sess = make_session(folder.model_file, opts.ep, opts.threads, provider_options)
-    runner = Runner(sess, folder.layout, folder.kv_shape, folder.rings)
+    runner = Runner(sess, folder.layout, folder.kv_shape, folder.rings,
+                    share_buffer=folder.share_buffer)
     out_tokenizer = folder.tokenizer()
     eos = set(folder.eos_token_ids)
     if out_tokenizer.eos_token_id is not None:
