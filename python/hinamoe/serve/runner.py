@@ -132,8 +132,8 @@ class Runner:
         # the caches already: only the others are read out (copying the
         # shared ones would cost what sharing saves).
         out = io.get_outputs()
-        presents = [arr if here else got.numpy() for arr, here, got in zip(caches, in_place, out[1:])]
-        return out[0].numpy()[:, -1].astype(np.float32), presents
+        presents = [arr if here else np.array(got.numpy()) for arr, here, got in zip(caches, in_place, out[1:])]
+        return np.array(out[0].numpy()[:, -1], np.float32), presents
 
     def prefill(self, ids: np.ndarray, caches: list[np.ndarray], start: int):
         """Appends ``ids`` (int64 ``[S]``) to one sequence whose ``caches``
