@@ -186,3 +186,56 @@ def clear_routing_steps(draw, reference, routers: dict[str, int], decode_steps: 
         if routing_margin(steps, routers) > ROUTING_MARGIN:
             return ids, mask, steps, tokens
     raise AssertionError(f"{tries} batches in a row had a router near-tie: routing_margin is broken")
+
+
+# ------------------------------------------------------------ a pass, before and after
+
+def pass_pair(path, before: list[str], added: str, **options):
+    """(model after `before`, model after `before` + `added`, the added pass's
+    report), each a fresh load of the export at `path`."""
+    from hinamoe.graph_passes import run_passes
+
+    first, _ = run_passes(ir.load(str(path)), only=before, **options)
+    second, report = run_passes(ir.load(str(path)), only=before + [added], **options)
+    return first, second, report.passes[-1]
+
+
+def random_left_padded(rng: np.random.Generator, vocab: int):
+    """A batch of 2 rows, 5-8 and 2-4 real tokens, left-padded."""
+    from export_reference import left_padded_batch
+
+    return left_padded_batch(rng, vocab, lengths=(int(rng.integers(5, 9)), int(rng.integers(2, 5))))
+
+
+def assert_same_model(before: ir.Model, after: ir.Model, make_session, rng: np.random.Generator,
+                      decode_steps: int, rel: float | None) -> None:
+    """Prefill + greedy decode of a fresh left-padded batch (redrawn where
+    the routing is a near-tie) on `make_session(bytes)` of each model: every
+    output of every step within `rel` of the largest |value|, or bit for
+    bit equal with `rel` None."""
+    before_proto = ir.to_proto(before)
+    routers = moe_routers(before_proto)
+    vocab = after.graph.outputs[0].shape[-1]
+    ids, mask, want, tokens = clear_routing_steps(lambda: random_left_padded(rng, vocab),
+                                                  make_session(with_outputs(before_proto, routers)),
+                                                  routers, decode_steps)
+    got, _ = greedy_steps(make_session(ir.to_proto(after).SerializeToString()), ids, mask, decode_steps,
+                          tokens=tokens)
+    for step, (g, w) in enumerate(zip(got, want)):
+        for name in g:
+            if rel is None:
+                assert np.array_equal(g[name], w[name]), f"step {step} {name}"
+                continue
+            scale = float(np.abs(w[name]).max()) + 1e-6
+            err = float(np.abs(g[name] - w[name]).max())
+            assert err <= rel * scale, f"step {step} {name}: {err:.3g} > {rel * scale:.3g}"
+
+
+def session_maker(ep: str):
+    """model bytes -> session: ORT's CPU EP ("CPU"), or HinaMoE with the CPU
+    EP behind it for the nodes it does not claim ("HinaMoE")."""
+    from conftest import cpu_session, hina_session
+
+    if ep == "CPU":
+        return cpu_session
+    return lambda model: hina_session(model, no_fallback=False, cpu_fallback_provider=True)

@@ -20,9 +20,9 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import cpu_session, hina_session
-from fusion_checks import clear_routing_steps, greedy_steps, moe_routers, with_outputs
-from hinamoe.graph_passes import rms_norm, run_passes
+from conftest import cpu_session
+from fusion_checks import assert_same_model, pass_pair, session_maker
+from hinamoe.graph_passes import rms_norm
 
 ARCHS = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss"]
 BEFORE = ["moe-fusion", "gqa", "shapes"]
@@ -31,20 +31,7 @@ FP32_REL = 1e-4  # of the largest |logit|: the fused norm sums in its own order
 
 
 def _pair(path):
-    kw = {"rotary_positions": 64}
-    before, _ = run_passes(ir.load(str(path)), only=BEFORE, **kw)
-    after, report = run_passes(ir.load(str(path)), only=BEFORE + [rms_norm.NAME], **kw)
-    return before, after, report.passes[-1]
-
-
-def _batch(rng, vocab):
-    lengths = (int(rng.integers(5, 9)), int(rng.integers(2, 5)))
-    S = max(lengths)
-    ids = rng.integers(1, vocab - 1, size=(2, S)).astype(np.int64)
-    mask = np.zeros((2, S), np.int64)
-    for b, n in enumerate(lengths):
-        mask[b, S - n:] = 1
-    return ids, mask
+    return pass_pair(path, BEFORE, rms_norm.NAME, rotary_positions=64)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -64,19 +51,7 @@ def test_every_norm_is_one_node(arch, tiny_export):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_same_model_within_rounding(arch, ep, tiny_export, rng):
     before, after, _ = _pair(tiny_export(arch).model)
-    make = cpu_session if ep == "CPU" else (
-        lambda m: hina_session(m, no_fallback=False, cpu_fallback_provider=True))
-    before_proto = ir.to_proto(before)
-    routers = moe_routers(before_proto)
-    vocab = after.graph.outputs[0].shape[-1]
-    ids, mask, want, tokens = clear_routing_steps(lambda: _batch(rng, vocab),
-                                                  make(with_outputs(before_proto, routers)), routers, DECODE_STEPS)
-    got, _ = greedy_steps(make(ir.to_proto(after).SerializeToString()), ids, mask, DECODE_STEPS, tokens=tokens)
-    for step, (g, w) in enumerate(zip(got, want)):
-        for name in g:
-            scale = float(np.abs(w[name]).max()) + 1e-6
-            err = float(np.abs(g[name] - w[name]).max())
-            assert err <= FP32_REL * scale, f"step {step} {name}: {err:.3g} > {FP32_REL * scale:.3g}"
+    assert_same_model(before, after, session_maker(ep), rng, DECODE_STEPS, FP32_REL)
 
 
 # ------------------------------------------------------------------ hand-built graphs

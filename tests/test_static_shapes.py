@@ -19,9 +19,9 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import cpu_session, hina_session
-from fusion_checks import greedy_steps
-from hinamoe.graph_passes import run_passes, static_shapes
+from conftest import cpu_session
+from fusion_checks import assert_same_model, pass_pair, session_maker
+from hinamoe.graph_passes import static_shapes
 from hinamoe.graph_passes.dim_roots import DimRoots
 from hinamoe.graph_passes.graph_walk import const_array
 
@@ -32,20 +32,7 @@ DECODE_STEPS = 3
 
 
 def _lean_pair(path):
-    kw = {"rotary_positions": ROTARY_POSITIONS}
-    before, _ = run_passes(ir.load(str(path)), only=BEFORE, **kw)
-    after, report = run_passes(ir.load(str(path)), only=BEFORE + [static_shapes.NAME], **kw)
-    return before, after, report.passes[-1]
-
-
-def _batch(rng, vocab):
-    lengths = (int(rng.integers(5, 9)), int(rng.integers(2, 5)))
-    S = max(lengths)
-    ids = rng.integers(1, vocab - 1, size=(2, S)).astype(np.int64)
-    mask = np.zeros((2, S), np.int64)
-    for b, n in enumerate(lengths):
-        mask[b, S - n:] = 1
-    return ids, mask
+    return pass_pair(path, BEFORE, static_shapes.NAME, rotary_positions=ROTARY_POSITIONS)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -77,16 +64,7 @@ def test_export_loses_its_shape_arithmetic(arch, tiny_export):
 def test_same_numbers_before_and_after(arch, ep, tiny_export, rng):
     """Only shapes move: every output of every step is bit for bit the same."""
     before, after, _ = _lean_pair(tiny_export(arch).model)
-    make = cpu_session if ep == "CPU" else (
-        lambda m: hina_session(m, no_fallback=False, cpu_fallback_provider=True))
-    vocab = after.graph.outputs[0].shape[-1]
-    ids, mask = _batch(rng, vocab)
-    want, tokens = greedy_steps(make(ir.to_proto(before).SerializeToString()), ids, mask, DECODE_STEPS)
-    got, _ = greedy_steps(make(ir.to_proto(after).SerializeToString()), ids, mask, DECODE_STEPS, tokens=tokens)
-    for step, (g, w) in enumerate(zip(got, want)):
-        assert set(g) == set(w)
-        for name in w:
-            assert np.array_equal(g[name], w[name]), f"step {step} {name}"
+    assert_same_model(before, after, session_maker(ep), rng, DECODE_STEPS, None)
 
 
 # ------------------------------------------------------------------ hand-built graphs
