@@ -41,9 +41,11 @@ def _feeds(inputs: list[ir.Value], mask: np.ndarray, new: int) -> dict | None:
         elif name == "position_ids":
             pos = np.cumsum(mask, 1) - 1
             feeds[name] = np.where(mask == 0, 1, pos)[:, past:].astype(np.int64)
-        elif name.startswith("past_key_values.") and value.shape is not None and len(value.shape) == 4 \
-                and isinstance(value.shape[1], int) and isinstance(value.shape[3], int):
-            feeds[name] = np.zeros((b, value.shape[1], past, value.shape[3]), np.float32)
+        elif name.startswith("past_key_values."):
+            # Only its length matters to a mask; one head of one element
+            # keeps a probe at the far end of a long context small (the
+            # subgraph's inputs carry no declared shape).
+            feeds[name] = np.zeros((b, 1, past, 1), np.float32)
         else:
             return None
     return feeds
