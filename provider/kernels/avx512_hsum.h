@@ -4,16 +4,15 @@
 // inlined into functions that have it.
 #pragma once
 
-#include <immintrin.h>
+#include "isa_target.h"
 
-#define HINAMOE_AVX512_HSUM_INLINE \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"), always_inline)) inline
+#include <immintrin.h>
 
 namespace hinamoe {
 namespace avx512 {
 
 // Per 128-bit lane: [a0+a1, a2+a3, b0+b1, b2+b3] (the lanes of _mm256_hadd_ps).
-HINAMOE_AVX512_HSUM_INLINE __m512 hadd(__m512 a, __m512 b) {
+HINAMOE_AVX512_INLINE __m512 hadd(__m512 a, __m512 b) {
   return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
@@ -23,7 +22,7 @@ HINAMOE_AVX512_HSUM_INLINE __m512 hadd(__m512 a, __m512 b) {
 // shuffles add up the lanes. About 3 instructions per sum instead of ~8 for
 // one reduction per vector.
 template <int N>
-HINAMOE_AVX512_HSUM_INLINE __m512 hsum_lanes(const __m512* v) {
+HINAMOE_AVX512_INLINE __m512 hsum_lanes(const __m512* v) {
   static_assert(N >= 1 && N <= 16, "one zmm of sums");
   const __m512 z = _mm512_setzero_ps();
   __m512 q[4];

@@ -9,11 +9,9 @@
 #include <algorithm>
 
 #include "gemm_rows_tiling.h"
+#include "isa_target.h"
 #include "tier.h"
 #include "weight_prefetch.h"
-
-#define HINAMOE_AVX2_FN __attribute__((target("avx2,fma,f16c")))
-#define HINAMOE_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
 
 // Software prefetch on the weight stream, bytes ahead of the current load
 // (0 = none). On Zen 3 a prefetch 1 KiB ahead measured 2-15% faster than

@@ -22,12 +22,10 @@
 #include "aligned_buffer.h"
 #include "avx512_hsum.h"
 #include "gemm_rows_tiling.h"
+#include "isa_target.h"
 #include "tier.h"
 #include "weight_prefetch.h"
 
-#define HINAMOE_AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
-#define HINAMOE_AVX512_FN __attribute__((target(HINAMOE_AVX512_TARGET)))
-#define HINAMOE_AVX512_INLINE __attribute__((target(HINAMOE_AVX512_TARGET), always_inline)) inline
 
 // Software prefetch on the weight stream, as in the avx2 tier (its scheme):
 // PF_DIST bytes ahead of the current load (0 = none) into PF_HINT, or, for

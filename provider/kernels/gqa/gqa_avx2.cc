@@ -19,9 +19,7 @@
 
 #include "dtype.h"
 #include "gqa/gqa.h"
-
-#define HINAMOE_AVX2_FN __attribute__((target("avx2,fma,f16c")))
-#define HINAMOE_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+#include "isa_target.h"
 
 namespace hinamoe {
 namespace {

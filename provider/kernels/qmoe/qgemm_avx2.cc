@@ -19,10 +19,9 @@
 #include <vector>
 
 #include "../aligned_buffer.h"
+#include "../isa_target.h"
 #include "qgemm_avx2_common.h"
 #include "qmoe_ffn.h"
-
-#define HQ_FN __attribute__((target("avx2,fma,f16c")))
 
 namespace hinamoe {
 namespace {
@@ -33,7 +32,7 @@ using namespace qavx2;
 // codes becomes weights with one FMA, q * s + (-zp * s), shared by the T
 // tokens; no cancellation, no per-block epilogue.
 template <int BITS, int R, int T, DType SDT, bool ZP>
-HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
+HINAMOE_AVX2_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
   const int64_t rb = w.row_stride(), bs = w.block;
   const uint8_t* row[R];
   const int64_t pf = prefetch_ahead(rb, R);
@@ -84,7 +83,7 @@ HQ_FN void micro_f(const QWeight& w, int64_t n, const float* X, int64_t ldx, flo
 // micro_f's; groups past the last whole 16 (tokens in k order) go through
 // micro_f's 8-wide step and a scalar tail.
 template <int R, int T, DType SDT, bool ZP>
-HQ_FN void micro_f4(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
+HINAMOE_AVX2_FN void micro_f4(const QWeight& w, int64_t n, const float* X, int64_t ldx, float* Y, int64_t ldy) {
   const int64_t rb = w.row_stride(), bs = w.block;
   const uint8_t* row[R];
   const int64_t pf = prefetch_ahead(rb, R);
@@ -151,7 +150,7 @@ HQ_FN void micro_f4(const QWeight& w, int64_t n, const float* X, int64_t ldx, fl
 // dequantise-then-multiply, which is what bounds the 1-token decode. 4-bit
 // tokens in EvenOdd order (16 codes per zero-extending load), 8-bit in k order.
 template <int BITS, int R, int T, DType SDT>
-HQ_FN void micro_fq_b32(const QWeight& w, int64_t n, const float* X, int64_t ldx, const float* xs, float* Y,
+HINAMOE_AVX2_FN void micro_fq_b32(const QWeight& w, int64_t n, const float* X, int64_t ldx, const float* xs, float* Y,
                         int64_t ldy) {
   const int64_t rb = w.row_stride();
   const uint8_t* row[R];
@@ -226,7 +225,7 @@ constexpr int64_t kManyChunk = 256;  // columns dequantised at a time (a multipl
 inline bool many_ok(const QWeight& w) { return w.K % 16 == 0 && (w.nb == 1 || w.block % 16 == 0); }
 
 // In-register transpose of an 8 x 8 float matrix (r[i] = row i).
-HQ_INLINE void transpose8(__m256 (&r)[8]) {
+HINAMOE_AVX2_INLINE void transpose8(__m256 (&r)[8]) {
   __m256 t[8], u[8];
   for (int i = 0; i < 4; ++i) {
     t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -246,7 +245,7 @@ HQ_INLINE void transpose8(__m256 (&r)[8]) {
 
 // XT[k * 8V + t] = X[t * ldx + k] for t < M (M <= 8 V), 0 for t >= M; K % 8 == 0.
 template <int V>
-HQ_FN void transpose_tokens8(const float* X, int64_t ldx, int64_t M, int64_t K, float* XT) {
+HINAMOE_AVX2_FN void transpose_tokens8(const float* X, int64_t ldx, int64_t M, int64_t K, float* XT) {
   for (int v = 0; v < V; ++v)
     for (int64_t k = 0; k < K; k += 8) {
       __m256 r[8];
@@ -262,7 +261,7 @@ HQ_FN void transpose_tokens8(const float* X, int64_t ldx, int64_t M, int64_t K, 
 // Row n's columns [k0, k1) (multiples of 16) as (q - zp) * s into out, in
 // the tokens' order (4-bit: EvenOdd per 16, 8-bit: k order).
 template <int BITS, DType SDT, bool ZP>
-HQ_INLINE void dequant_row(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out) {
+HINAMOE_AVX2_INLINE void dequant_row(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out) {
   const uint8_t* row = w.codes + n * w.row_stride();
   const __m256i low4 = _mm256_set1_epi32(0xF);
   for (int64_t k = k0; k < k1; k += 16) {
@@ -285,7 +284,7 @@ HQ_INLINE void dequant_row(const QWeight& w, int64_t n, int64_t k0, int64_t k1, 
 
 // C[(r V + v) 8 ..] (+)= sum over j < J of Wd[r * kManyChunk + j] * XT[j * 8V + 8v ..].
 template <int R, int V>
-HQ_FN void many_chunk(const float* Wd, const float* XT, int64_t J, float* C, bool first) {
+HINAMOE_AVX2_FN void many_chunk(const float* Wd, const float* XT, int64_t J, float* C, bool first) {
   // Fully unrolled over r and v so the accumulators stay in registers.
   __m256 acc[R][V];
 #pragma GCC unroll 12
@@ -311,7 +310,7 @@ HQ_FN void many_chunk(const float* Wd, const float* XT, int64_t J, float* C, boo
 
 // Rows [n, n + R) against the M (<= 8 V) tokens of XT: Y[t * ldy + r].
 template <int BITS, DType SDT, bool ZP, int R, int V>
-HQ_FN void many_rows(const QWeight& w, int64_t n, const float* XT, int64_t M, float* Y, int64_t ldy, float* Wd,
+HINAMOE_AVX2_FN void many_rows(const QWeight& w, int64_t n, const float* XT, int64_t M, float* Y, int64_t ldy, float* Wd,
                      float* C) {
   const int64_t rb = w.row_stride();
   for (int64_t kc = 0; kc < w.K; kc += kManyChunk) {
@@ -360,7 +359,7 @@ void qgemm_many(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_
 
 // Row blocks (kRowBlock), in each every token tile of up to 3 (4 in micro_fq_b32).
 template <int BITS, DType SDT, bool ZP>
-HQ_FN void qgemm_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
+HINAMOE_AVX2_FN void qgemm_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
              int64_t ldy) {
   if (M >= kManyTokens && many_ok(w)) return qgemm_many<BITS, SDT, ZP>(w, n0, n1, X, ldx, M, Y, ldy);
   // Blocks of 32 without zero points: micro_fq_b32 on the tokens' block sums.
@@ -421,7 +420,7 @@ void qgemm_avx2(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_
 struct I8Dot {
   static constexpr int kShift8 = 128;  // 8-bit codes enter as q - 128 (|q - 128| and its sign on the tokens)
   template <int BITS>
-  HQ_INLINE static void codes32(const uint8_t* row, int64_t k, __m256i* u, __m256i* sgn) {
+  HINAMOE_AVX2_INLINE static void codes32(const uint8_t* row, int64_t k, __m256i* u, __m256i* sgn) {
     if constexpr (BITS == 4) {
       *u = nibbles32(row, k);
     } else {
@@ -431,7 +430,7 @@ struct I8Dot {
     }
   }
   template <int BITS>
-  HQ_INLINE static void codes16(const uint8_t* row, int64_t k, __m256i* u, __m256i* sgn) {
+  HINAMOE_AVX2_INLINE static void codes16(const uint8_t* row, int64_t k, __m256i* u, __m256i* sgn) {
     if constexpr (BITS == 4) {
       *u = nibbles16(row, k);
     } else {
@@ -442,19 +441,19 @@ struct I8Dot {
     }
   }
   // Two 4-bit pair sums stay under 2 * 15 * 127 * 2: added in int16 before vpmaddwd.
-  HQ_INLINE static __m256i pair4(__m256i lo, __m256i hi, __m256i xe, __m256i xo) {
+  HINAMOE_AVX2_INLINE static __m256i pair4(__m256i lo, __m256i hi, __m256i xe, __m256i xo) {
     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xe), _mm256_maddubs_epi16(hi, xo));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
   }
   // 4-bit products stay under 15 * 127 * 2, 8-bit under 128 * 127 * 2: no int16 saturation.
   template <int BITS>
-  HQ_INLINE static __m256i dot(__m256i acc, __m256i u, __m256i sgn, __m256i x) {
+  HINAMOE_AVX2_INLINE static __m256i dot(__m256i acc, __m256i u, __m256i sgn, __m256i x) {
     const __m256i p = BITS == 4 ? _mm256_maddubs_epi16(u, x) : _mm256_maddubs_epi16(u, _mm256_sign_epi8(x, sgn));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
   }
 };
 
-#define HQ_I8_FN HQ_FN
+#define HQ_I8_FN HINAMOE_AVX2_FN
 #include "qgemm_i8_avx2.inc"
 #undef HQ_I8_FN
 

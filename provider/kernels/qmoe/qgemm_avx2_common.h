@@ -10,9 +10,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../isa_target.h"
 #include "qmoe_ffn.h"
-
-#define HQ_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
 
 namespace hinamoe {
 namespace qavx2 {
@@ -69,7 +68,7 @@ inline void tile_rows(int64_t T, int64_t n, int64_t r1, Micro&& micro) {
   rows(I2{}, I3{});
 }
 
-HQ_INLINE float hsum(__m256 v) {
+HINAMOE_AVX2_INLINE float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -77,7 +76,7 @@ HQ_INLINE float hsum(__m256 v) {
 }
 
 template <DType SDT>
-HQ_INLINE float scale_at(const QWeight& w, int64_t n, int64_t b) {
+HINAMOE_AVX2_INLINE float scale_at(const QWeight& w, int64_t n, int64_t b) {
   const int64_t i = n * w.scale_stride() + b;
   if constexpr (SDT == DType::F32) return static_cast<const float*>(w.scales)[i];
   else if constexpr (SDT == DType::F16) return _cvtsh_ss(static_cast<const uint16_t*>(w.scales)[i]);
@@ -90,14 +89,14 @@ HQ_INLINE float scale_at(const QWeight& w, int64_t n, int64_t b) {
 // this HINAMOE_QPF_TILES tiles ahead as for the codes, 1-token QMoE streams
 // ~1.4x faster from DRAM (Zen 5, 2 threads, C++ A/B).
 template <DType SDT>
-HQ_INLINE void prefetch_scales(const QWeight& w, int64_t n, int64_t b) {
+HINAMOE_AVX2_INLINE void prefetch_scales(const QWeight& w, int64_t n, int64_t b) {
   const size_t es = SDT == DType::F32 ? 4 : 2;
   _mm_prefetch(static_cast<const char*>(w.scales) + size_t(n * w.scale_stride() + b) * es, HINAMOE_QPF_HINT);
 }
 
 // 8 scales of row n from block b on, as floats.
 template <DType SDT>
-HQ_INLINE __m256 scales8(const QWeight& w, int64_t n, int64_t b) {
+HINAMOE_AVX2_INLINE __m256 scales8(const QWeight& w, int64_t n, int64_t b) {
   const int64_t i = n * w.scale_stride() + b;
   if constexpr (SDT == DType::F32) {
     return _mm256_loadu_ps(static_cast<const float*>(w.scales) + i);
@@ -111,7 +110,7 @@ HQ_INLINE __m256 scales8(const QWeight& w, int64_t n, int64_t b) {
 // sum over blocks b of scale(n, b) * v[b]: the zero point's share of a row
 // when it is the same for every block (v = token scale x code sum per block).
 template <DType SDT>
-HQ_INLINE float dot_scales(const QWeight& w, int64_t n, const float* v) {
+HINAMOE_AVX2_INLINE float dot_scales(const QWeight& w, int64_t n, const float* v) {
   __m256 acc = _mm256_setzero_ps();
   int64_t b = 0;
   for (; b + 8 <= w.nb; b += 8) acc = _mm256_fmadd_ps(scales8<SDT>(w, n, b), _mm256_loadu_ps(v + b), acc);
@@ -122,14 +121,14 @@ HQ_INLINE float dot_scales(const QWeight& w, int64_t n, const float* v) {
 
 // The zero point of (row n, block b); without zero points the constant 2^(bits-1).
 template <int BITS, bool ZP>
-HQ_INLINE int zero_at(const QWeight& w, int64_t n, int64_t b) {
+HINAMOE_AVX2_INLINE int zero_at(const QWeight& w, int64_t n, int64_t b) {
   if constexpr (!ZP) return 1 << (BITS - 1);
   else return w.zero_point(n, b);
 }
 
 // 8 codes of a row starting at element k (k a multiple of 8) as int32.
 template <int BITS>
-HQ_INLINE __m256i codes8(const uint8_t* row, int64_t k) {
+HINAMOE_AVX2_INLINE __m256i codes8(const uint8_t* row, int64_t k) {
   if constexpr (BITS == 4) {
     int32_t d;
     __builtin_memcpy(&d, row + k / 2, 4);
@@ -142,7 +141,7 @@ HQ_INLINE __m256i codes8(const uint8_t* row, int64_t k) {
 
 // 32 4-bit codes at element k (a multiple of 32) as bytes, in the even_odd
 // order of the tokens: the low nibbles of each 8 bytes, then the high ones.
-HQ_INLINE __m256i nibbles32(const uint8_t* row, int64_t k) {
+HINAMOE_AVX2_INLINE __m256i nibbles32(const uint8_t* row, int64_t k) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
   const __m128i m = _mm_set1_epi8(0x0F);
   const __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
@@ -150,7 +149,7 @@ HQ_INLINE __m256i nibbles32(const uint8_t* row, int64_t k) {
 }
 
 // The same for 16 codes, in the low lane.
-HQ_INLINE __m256i nibbles16(const uint8_t* row, int64_t k) {
+HINAMOE_AVX2_INLINE __m256i nibbles16(const uint8_t* row, int64_t k) {
   const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k / 2));
   const __m128i m = _mm_set1_epi8(0x0F);
   return _mm256_zextsi128_si256(_mm_unpacklo_epi64(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m)));

@@ -9,11 +9,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "../isa_target.h"
 #include "qgemm_avx2_common.h"
 #include "qmoe_ffn.h"
-
-#define HQ_VNNI_FN __attribute__((target("avx2,fma,f16c,avxvnni")))
-#define HQ_VNNI_INLINE __attribute__((target("avx2,fma,f16c,avxvnni"), always_inline)) inline
 
 namespace hinamoe {
 namespace {
@@ -23,25 +21,25 @@ using namespace qavx2;
 struct I8Dot {
   static constexpr int kShift8 = 0;  // 8-bit codes enter as they are
   template <int BITS>
-  HQ_VNNI_INLINE static void codes32(const uint8_t* row, int64_t k, __m256i* u, __m256i*) {
+  HINAMOE_AVX2_VNNI_INLINE static void codes32(const uint8_t* row, int64_t k, __m256i* u, __m256i*) {
     if constexpr (BITS == 4) *u = nibbles32(row, k);
     else *u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k));
   }
   template <int BITS>
-  HQ_VNNI_INLINE static void codes16(const uint8_t* row, int64_t k, __m256i* u, __m256i*) {
+  HINAMOE_AVX2_VNNI_INLINE static void codes16(const uint8_t* row, int64_t k, __m256i* u, __m256i*) {
     if constexpr (BITS == 4) *u = nibbles16(row, k);
     else *u = _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)));
   }
-  HQ_VNNI_INLINE static __m256i pair4(__m256i lo, __m256i hi, __m256i xe, __m256i xo) {
+  HINAMOE_AVX2_VNNI_INLINE static __m256i pair4(__m256i lo, __m256i hi, __m256i xe, __m256i xo) {
     return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, xe), hi, xo);
   }
   template <int BITS>
-  HQ_VNNI_INLINE static __m256i dot(__m256i acc, __m256i u, __m256i, __m256i x) {
+  HINAMOE_AVX2_VNNI_INLINE static __m256i dot(__m256i acc, __m256i u, __m256i, __m256i x) {
     return _mm256_dpbusd_avx_epi32(acc, u, x);
   }
 };
 
-#define HQ_I8_FN HQ_VNNI_FN
+#define HQ_I8_FN HINAMOE_AVX2_VNNI_FN
 #include "qgemm_i8_avx2.inc"
 #undef HQ_I8_FN
 

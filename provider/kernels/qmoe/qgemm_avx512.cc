@@ -33,13 +33,9 @@
 
 #include "../aligned_buffer.h"
 #include "../avx512_hsum.h"
+#include "../isa_target.h"
 #include "qgemm_avx2_common.h"
 #include "qmoe_ffn.h"
-
-#define HZ_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
-#define HZ_FN __attribute__((target(HZ_TARGET)))
-#define HZ_INLINE __attribute__((target(HZ_TARGET), always_inline)) inline
-#define HZ_VNNI_FN __attribute__((target(HZ_TARGET ",avx512vnni")))
 
 namespace hinamoe {
 namespace {
@@ -75,13 +71,13 @@ TokenOrder avx512_i8_order(int bits, int64_t block, int64_t K, bool zero_points)
   return bits == 4 ? TokenOrder::Quad32 : TokenOrder::KOrder;
 }
 
-HZ_INLINE const void* scale_ptr(const QWeight& w, int64_t n, int64_t b, int esize) {
+HINAMOE_AVX512_INLINE const void* scale_ptr(const QWeight& w, int64_t n, int64_t b, int esize) {
   return static_cast<const char*>(w.scales) + (n * w.scale_stride() + b) * esize;
 }
 
 // The scale of row n, block b, as a float; srow = the row's scales.
 template <DType SDT>
-HZ_INLINE float row_scale(const void* srow, int64_t b) {
+HINAMOE_AVX512_INLINE float row_scale(const void* srow, int64_t b) {
   if constexpr (SDT == DType::F32) return static_cast<const float*>(srow)[b];
   else if constexpr (SDT == DType::F16) return _cvtsh_ss(static_cast<const uint16_t*>(srow)[b]);
   else return bf16_to_f32(static_cast<const uint16_t*>(srow)[b]);
@@ -89,7 +85,7 @@ HZ_INLINE float row_scale(const void* srow, int64_t b) {
 
 // 4 / 2 consecutive block scales of row n from block b, as floats.
 template <DType SDT>
-HZ_INLINE __m128 scales4(const QWeight& w, int64_t n, int64_t b) {
+HINAMOE_AVX512_INLINE __m128 scales4(const QWeight& w, int64_t n, int64_t b) {
   if constexpr (SDT == DType::F32) return _mm_loadu_ps(static_cast<const float*>(scale_ptr(w, n, b, 4)));
   const __m128i h = _mm_loadl_epi64(static_cast<const __m128i*>(scale_ptr(w, n, b, 2)));
   if constexpr (SDT == DType::F16) return _mm_cvtph_ps(h);
@@ -97,7 +93,7 @@ HZ_INLINE __m128 scales4(const QWeight& w, int64_t n, int64_t b) {
 }
 
 template <DType SDT>
-HZ_INLINE __m128 scales2(const QWeight& w, int64_t n, int64_t b) {
+HINAMOE_AVX512_INLINE __m128 scales2(const QWeight& w, int64_t n, int64_t b) {
   if constexpr (SDT == DType::F32)
     return _mm_castpd_ps(_mm_load_sd(static_cast<const double*>(scale_ptr(w, n, b, 4))));
   int32_t two;
@@ -110,7 +106,7 @@ HZ_INLINE __m128 scales2(const QWeight& w, int64_t n, int64_t b) {
 // out[r*T + t] = the sum of the lanes of v[r][t], 16 sums per transposing
 // tree (avx512_hsum.h) instead of one reduction each.
 template <int R, int T>
-HZ_INLINE void lane_sums(const __m512 (&v)[R][T], float* out) {
+HINAMOE_AVX512_INLINE void lane_sums(const __m512 (&v)[R][T], float* out) {
   constexpr int N = R * T;
   const __m512* flat = &v[0][0];
   alignas(64) float buf[(N + 15) / 16 * 16];
@@ -128,7 +124,7 @@ HZ_INLINE void lane_sums(const __m512 (&v)[R][T], float* out) {
 
 // Y[t*ldy + r] (+)= the float path's R x T tile, its A accumulator sets added.
 template <int A, int R, int T>
-HZ_INLINE void store_tile(__m512 (&tot)[A][R][T], float* Y, int64_t ldy, bool acc) {
+HINAMOE_AVX512_INLINE void store_tile(__m512 (&tot)[A][R][T], float* Y, int64_t ldy, bool acc) {
   if constexpr (A == 2)
     for (int r = 0; r < R; ++r)
       for (int t = 0; t < T; ++t) tot[0][r][t] = _mm512_add_ps(tot[0][r][t], tot[1][r][t]);
@@ -144,7 +140,7 @@ HZ_INLINE void store_tile(__m512 (&tot)[A][R][T], float* Y, int64_t ldy, bool ac
 // few tokens the even and odd halves accumulate apart, so the FMA chains
 // outnumber the FMA latency.
 template <int R, int T, DType SDT, bool ZP, bool B32>
-HZ_FN void micro_f4(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const float* X, int64_t ldx, float* Y,
+HINAMOE_AVX512_FN void micro_f4(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const float* X, int64_t ldx, float* Y,
                    int64_t ldy, bool acc) {
   constexpr int A = T <= 2 ? 2 : 1;
   const int64_t rb = w.row_stride();
@@ -190,7 +186,7 @@ HZ_FN void micro_f4(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const f
 
 // The same for 8-bit codes in k order: 16 codes -> float -> q * s - zp * s.
 template <int R, int T, DType SDT, bool ZP, bool B32>
-HZ_FN void micro_f8(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const float* X, int64_t ldx, float* Y,
+HINAMOE_AVX512_FN void micro_f8(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const float* X, int64_t ldx, float* Y,
                    int64_t ldy, bool acc) {
   constexpr int A = T <= 2 ? 2 : 1;
   const int64_t rb = w.row_stride();
@@ -233,7 +229,7 @@ HZ_FN void micro_f8(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const f
 // streamed 25.5 against 21.5 GB/s (Zen 5, C++ bench; at 2 threads both sit
 // at the read bandwidth).
 template <int R, DType SDT>
-HZ_FN void micro_f4_t1(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const float* X, float* Y, bool acc) {
+HINAMOE_AVX512_FN void micro_f4_t1(const QWeight& w, int64_t n, int64_t ka, int64_t kz, const float* X, float* Y, bool acc) {
   const int64_t rb = w.row_stride();
   const int64_t pf = prefetch_ahead(rb, R);
   const uint8_t* row[R];
@@ -348,7 +344,7 @@ constexpr int64_t kTTTokens = HINAMOE_QTT_MIN;  // against the tiles above (Zen 
 constexpr int64_t kTTChunk = HINAMOE_QTT_CHUNK;  // columns per dequantised block
 
 // In-register transpose of a 16 x 16 float matrix (r[i] = row i).
-HZ_INLINE void transpose16(__m512 (&r)[16]) {
+HINAMOE_AVX512_INLINE void transpose16(__m512 (&r)[16]) {
   __m512 t[16];
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -378,7 +374,7 @@ HZ_INLINE void transpose16(__m512 (&r)[16]) {
 
 // XT[k * 16V + t] = X[t * ldx + k] for t < M (M <= 16 V), 0 for t >= M; K % 16 == 0.
 template <int V>
-HZ_FN void transpose_tokens(const float* X, int64_t ldx, int64_t M, int64_t K, float* XT) {
+HINAMOE_AVX512_FN void transpose_tokens(const float* X, int64_t ldx, int64_t M, int64_t K, float* XT) {
   for (int v = 0; v < V; ++v)
     for (int64_t k = 0; k < K; k += 16) {
       __m512 r[16];
@@ -394,7 +390,7 @@ HZ_FN void transpose_tokens(const float* X, int64_t ldx, int64_t M, int64_t K, f
 // 32 weights of row from element k on, dequantised by tbl / (sv, zv), stored in
 // the tokens' order (EvenOdd32 for 4-bit, k order for 8-bit).
 template <int BITS>
-HZ_INLINE void dequant32(const uint8_t* row, int64_t k, __m512 tbl, __m512 sv, __m512 zv, float* out) {
+HINAMOE_AVX512_INLINE void dequant32(const uint8_t* row, int64_t k, __m512 tbl, __m512 sv, __m512 zv, float* out) {
   if constexpr (BITS == 4) {
     const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2)));
     _mm512_store_ps(out, _mm512_permutexvar_ps(d, tbl));
@@ -409,7 +405,7 @@ HZ_INLINE void dequant32(const uint8_t* row, int64_t k, __m512 tbl, __m512 sv, _
 
 // Block b's factors: 4-bit, the table (q - zp) * s of the 16 codes; 8-bit, s and -zp * s.
 template <int BITS, DType SDT, bool ZP>
-HZ_INLINE void dequant_factors(const QWeight& w, const void* srow, int64_t n, int64_t b, __m512 codes, __m512& tbl,
+HINAMOE_AVX512_INLINE void dequant_factors(const QWeight& w, const void* srow, int64_t n, int64_t b, __m512 codes, __m512& tbl,
                                __m512& sv, __m512& zv) {
   const float s = row_scale<SDT>(srow, b);
   sv = _mm512_set1_ps(s);
@@ -424,7 +420,7 @@ HZ_INLINE void dequant_factors(const QWeight& w, const void* srow, int64_t n, in
 // Row n's columns [k0, k1) (multiples of 32) dequantised into out[0, k1 - k0).
 // 4-bit: a table of (q - zp) * s per block; 8-bit: q * s - zp * s.
 template <int BITS, DType SDT, bool ZP, bool B32>
-HZ_INLINE void dequant_row(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out) {
+HINAMOE_AVX512_INLINE void dequant_row(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out) {
   const uint8_t* row = w.codes + n * w.row_stride();
   const void* srow = scale_ptr(w, n, 0, SDT == DType::F32 ? 4 : 2);
   const __m512 codes = ZP ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
@@ -447,7 +443,7 @@ HZ_INLINE void dequant_row(const QWeight& w, int64_t n, int64_t k0, int64_t k1, 
 // acc[r][v] += sum over j < J of Wd[r * kTTChunk + j] * XT[j * 16V + 16v ..]
 // (acc kept in C between chunks: [R][V] vectors).
 template <int R, int V>
-HZ_FN void tt_chunk(const float* Wd, const float* XT, int64_t J, float* C, bool first) {
+HINAMOE_AVX512_FN void tt_chunk(const float* Wd, const float* XT, int64_t J, float* C, bool first) {
   __m512 acc[R][V];  // unrolled, so the accumulators stay in registers
 #pragma GCC unroll 24
   for (int r = 0; r < R; ++r)
@@ -478,7 +474,7 @@ HZ_FN void tt_chunk(const float* Wd, const float* XT, int64_t J, float* C, bool 
 // stalled on misses (in-process A/B on Zen 5, 16 tokens: 8.0 against 9.2
 // ms; three or four ahead: no further gain).
 template <int BITS, DType SDT>
-HZ_INLINE void prefetch_chunk_ahead(const QWeight& w, int64_t n, int r, int R, int64_t kc, int64_t chunk) {
+HINAMOE_AVX512_INLINE void prefetch_chunk_ahead(const QWeight& w, int64_t n, int r, int R, int64_t kc, int64_t chunk) {
   const int64_t kn = kc + 2 * chunk;
   const bool same = kn < w.K;
   const int64_t rn = same ? n + r : n + R + r, kr = same ? kn : kn - w.K;
@@ -490,7 +486,7 @@ HZ_INLINE void prefetch_chunk_ahead(const QWeight& w, int64_t n, int r, int R, i
 // Y[t * ldy + r] = C[(r V + t / 16) 16 + t % 16] for t < M: the R x V token
 // vectors of a row block, transposed back into token rows.
 template <int R, int V>
-HZ_INLINE void store_transposed(const float* C, int64_t M, float* Y, int64_t ldy) {
+HINAMOE_AVX512_INLINE void store_transposed(const float* C, int64_t M, float* Y, int64_t ldy) {
   for (int64_t t = 0; t < M; ++t) {
     const float* c = C + (t >> 4) * 16 + (t & 15);
     for (int r = 0; r < R; ++r) Y[t * ldy + r] = c[r * V * 16];
@@ -508,7 +504,7 @@ inline void row_blocks(int64_t n0, int64_t n1, Rows&& rows) {
 
 // Rows [n, n + R) against the M (<= 16 V) tokens of XT: Y[t * ldy + r] for t < M.
 template <int BITS, DType SDT, bool ZP, bool B32, int R, int V>
-HZ_FN void tt_rows(const QWeight& w, int64_t n, const float* XT, int64_t M, float* Y, int64_t ldy, float* Wd,
+HINAMOE_AVX512_FN void tt_rows(const QWeight& w, int64_t n, const float* XT, int64_t M, float* Y, int64_t ldy, float* Wd,
                    float* C) {
   for (int64_t kc = 0; kc < w.K; kc += kTTChunk) {
     const int64_t kz = std::min(w.K, kc + kTTChunk);
@@ -590,7 +586,7 @@ void qgemm_avx512(const QWeight& w, int64_t n0, int64_t n1, const float* X, int6
 // -8 * the sum of the token codes that lane meets (token_bias), so
 // sum (q - 8) x needs no correction afterwards.
 template <int R, int T, DType SDT>
-HZ_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, const int32_t* bias, int64_t ldb,
+HINAMOE_AVX512_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, const int32_t* bias, int64_t ldb,
                              float* Y, int64_t ldy) {
   const int64_t rb = w.row_stride();
   const int64_t pf = prefetch_ahead(rb, R);
@@ -659,7 +655,7 @@ HZ_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTokens& x, cons
 // blocks, one per 256-bit half) per vpdpbusd and token, the codes raw
 // (u8 x s8 sums in int32), the zero point 128 in the start value as above.
 template <int R, int T, DType SDT>
-HZ_VNNI_FN void micro_i8_d32(const QWeight& w, int64_t n, const QTokens& x, const int32_t* bias, int64_t ldb,
+HINAMOE_AVX512_VNNI_FN void micro_i8_d32(const QWeight& w, int64_t n, const QTokens& x, const int32_t* bias, int64_t ldb,
                              float* Y, int64_t ldy) {
   const int64_t rb = w.row_stride();
   const int64_t pf = prefetch_ahead(rb, R);
@@ -715,7 +711,7 @@ void rows_i8(const QWeight& w, int64_t r0, int64_t r1, const QTokens& x, const i
 // Quad32 or Pair32 unit share lanes) or 128 (8-bit). 4-bit: 16 lanes per
 // 128 elements (8 for the last 64), 8-bit: 16 per 64; ldb = K / 8 or K / 4.
 template <int BITS>
-HZ_VNNI_FN void token_bias(const QTokens& x, int64_t M, int64_t K, int32_t* bias, int64_t ldb) {
+HINAMOE_AVX512_VNNI_FN void token_bias(const QTokens& x, int64_t M, int64_t K, int32_t* bias, int64_t ldb) {
   const __m512i zp = _mm512_set1_epi8(char(BITS == 4 ? 8 : 128));
   for (int64_t m = 0; m < M; ++m) {
     const int8_t* q = x.q + m * x.ld;
@@ -782,7 +778,7 @@ constexpr int64_t kTTI8Chunk = 512;  // elements per unpacked chunk (a multiple 
 // XT8[d * 16V + t] = token t's codes 4d..4d+3 (as stored), each + 128; the
 // tokens from M on: 128 (a zero). XS[b * 16V + t] = token t's block-b scale (0 from M on).
 template <int V>
-HZ_FN void i8_tokens_transposed(const QTokens& x, int64_t M, int64_t K, int32_t* XT8, float* XS) {
+HINAMOE_AVX512_FN void i8_tokens_transposed(const QTokens& x, int64_t M, int64_t K, int32_t* XT8, float* XS) {
   const __m512i flip = _mm512_set1_epi8(char(0x80));
   for (int v = 0; v < V; ++v)
     for (int64_t d = 0; d < K / 4; d += 16) {
@@ -803,7 +799,7 @@ HZ_FN void i8_tokens_transposed(const QTokens& x, int64_t M, int64_t K, int32_t*
 // signed bytes in the tokens' order into out, and each block's sum of them
 // into bsum[(k - k0) / 32].
 template <int BITS>
-HZ_INLINE void unpack_row_i8(const uint8_t* row, int64_t k0, int64_t k1, int8_t* out, int32_t* bsum) {
+HINAMOE_AVX512_INLINE void unpack_row_i8(const uint8_t* row, int64_t k0, int64_t k1, int8_t* out, int32_t* bsum) {
   const __m512i low4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
   if constexpr (BITS == 4) {
     const __m512i eight = _mm512_set1_epi8(8);
@@ -834,7 +830,7 @@ HZ_INLINE void unpack_row_i8(const uint8_t* row, int64_t k0, int64_t k1, int8_t*
 // The first dwords of a block's two runs of 4 (chunk-relative), block j of a
 // chunk of J elements: 4-bit, in its group's low then high half; 8-bit, k order.
 template <int BITS>
-HZ_INLINE void block_runs(int64_t j, int64_t J, int64_t* a0, int64_t* a1) {
+HINAMOE_AVX512_INLINE void block_runs(int64_t j, int64_t J, int64_t* a0, int64_t* a1) {
   if constexpr (BITS == 4) {
     const int64_t g0 = j / 4 * 128, half = std::min<int64_t>(128, J - g0) / 8;  // dwords per half group
     *a0 = g0 / 4 + 4 * (j % 4);
@@ -847,7 +843,7 @@ HZ_INLINE void block_runs(int64_t j, int64_t J, int64_t* a0, int64_t* a1) {
 
 // C[(r V + v) 16 ..] += rows' x tokens' dots over the chunk's J elements (blocks of 32).
 template <int BITS, DType SDT, int R, int V>
-HZ_VNNI_FN void tt_i8_chunk(const int8_t* Wq, const int32_t* bsum, const void* const* srow, int64_t b0,
+HINAMOE_AVX512_VNNI_FN void tt_i8_chunk(const int8_t* Wq, const int32_t* bsum, const void* const* srow, int64_t b0,
                             const int32_t* XT8, const float* XS, int64_t J, float* C, bool first) {
   __m512 tot[R][V];
 #pragma GCC unroll 12
@@ -898,7 +894,7 @@ HZ_VNNI_FN void tt_i8_chunk(const int8_t* Wq, const int32_t* bsum, const void* c
 
 // Rows [n, n + R) against the M (<= 16 V) transposed tokens: Y[t * ldy + r].
 template <int BITS, DType SDT, int R, int V>
-HZ_VNNI_FN void tt_i8_rows(const QWeight& w, int64_t n, const int32_t* XT8, const float* XS, int64_t M, float* Y,
+HINAMOE_AVX512_VNNI_FN void tt_i8_rows(const QWeight& w, int64_t n, const int32_t* XT8, const float* XS, int64_t M, float* Y,
                            int64_t ldy, int8_t* Wq, int32_t* bsum, float* C) {
   const void* srow[R];
   for (int r = 0; r < R; ++r) srow[r] = scale_ptr(w, n + r, 0, SDT == DType::F32 ? 4 : 2);
