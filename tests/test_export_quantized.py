@@ -69,12 +69,18 @@ def _check_quantised_graph(model: onnx.ModelProto, report: dict, config, bits: i
     for s in nbits.values():
         assert s["weight_bytes_before"] == s["K"] * s["N"] * 4
         assert s["weight_bytes_after"] == s["N"] * -(-s["K"] // 32) * (32 * bits // 8 + 4), s
-    # attention projections and lm_head (+ the shared expert) are MatMulNBits
-    want = [f"/model/layers.{i}/self_attn/{p}_proj/MatMul" for i in range(layers)
-            for p in "qkvo"] + ["/lm_head/MatMul"]
+    # attention projections and lm_head (+ the shared expert) are MatMulNBits;
+    # q/k/v (and the shared expert's gate, up and sigmoid gate) packed first
+    # into one MatMul per layer (matmul_packing.py)
+    linears = [f"/model/layers.{i}/self_attn/{p}_proj/MatMul" for i in range(layers)
+               for p in "qkvo"] + ["/lm_head/MatMul"]
     if config.model_type == "qwen2_moe":
-        want += [f"/model/layers.{i}/mlp/shared_expert{p}/MatMul" for i in range(layers)
-                 for p in ("/gate_proj", "/up_proj", "/down_proj", "_gate")]
+        linears += [f"/model/layers.{i}/mlp/shared_expert{p}/MatMul" for i in range(layers)
+                    for p in ("/gate_proj", "/up_proj", "/down_proj", "_gate")]
+    [packing] = [p for p in report["passes"] if p["name"] == "matmul-packing"]
+    packed = {name for site in packing["fused"] for name in site["packed"]}
+    assert {f"/model/layers.{i}/self_attn/{p}_proj/MatMul" for i in range(layers) for p in "qkv"} <= packed
+    want = [name for name in linears if name not in packed] + [site["layer"] for site in packing["fused"]]
     assert sorted(nbits) == sorted(want)
     assert ops["com.microsoft::MatMulNBits"] == len(want)
     # What stays MatMul: rotary (no constant weight) and the routers.

@@ -105,13 +105,17 @@ def test_sixteen_concurrent_streams_share_steps(server, tiny_model, rng):  # noq
 
     def one(i):
         try:
-            parts, finish = [], None
+            parts, finish, used = [], None, None
             for ch in client(server).completions.create(model=MODEL_NAME, prompt=prompts[i], max_tokens=new,
                                                         temperature=0, stream=True,
+                                                        stream_options={"include_usage": True},
                                                         extra_body={"ignore_eos": True}):
-                parts.append(ch.choices[0].text)
-                finish = ch.choices[0].finish_reason or finish
-            results[i] = ("".join(parts), finish)
+                if ch.choices:
+                    parts.append(ch.choices[0].text)
+                    finish = ch.choices[0].finish_reason or finish
+                if ch.usage is not None:
+                    used = ch.usage.completion_tokens
+            results[i] = ("".join(parts), finish, used)
         except Exception as e:  # collected: a thread's failure must fail the test
             errors.append(repr(e))
 
@@ -121,13 +125,14 @@ def test_sixteen_concurrent_streams_share_steps(server, tiny_model, rng):  # noq
     for t in threads:
         t.join(180)
     assert not errors, errors
-    for i, (text, finish) in enumerate(results):
-        assert finish == "length"
+    for i, (text, finish, used) in enumerate(results):
+        assert finish == "length" and used == new
         want, margins = library_text(tiny_model, tiny_model.tokenizer.encode(prompts[i]), new, ignore_eos=True)
         if margins.min() > 1e-3:
             assert text == want, i
-        else:
-            assert len(tiny_model.tokenizer.encode(text)) == new
+        # else a near-tie may pick another token; special tokens (ignore_eos
+        # lets the random model pick them) decode to no text, so the count
+        # comes from the usage chunk, not from re-encoding the text.
     assert server.metric("hina_batch_size_max") > 1
 
 
