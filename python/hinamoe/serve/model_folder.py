@@ -76,7 +76,7 @@ def _graph_facts(model_file: Path, slack: int = 0) -> tuple[dict[str, int], int,
     its metadata allows past and present to share buffers (hina-export)."""
     import onnx
 
-    from .runner import SHARE_BUFFER_KEY
+    from ..graph_passes.gqa_fusion import SHARE_BUFFER_KEY
 
     model = onnx.load(str(model_file), load_external_data=False)
     graph = model.graph
@@ -105,7 +105,8 @@ def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
     eos: set[int] = set()
     slack = 0
     if (path / "genai_config.json").is_file():
-        cfg = _json(path / "genai_config.json").get("model", {})
+        genai = _json(path / "genai_config.json")
+        cfg = genai.get("model", {})
         kind, layout = "genai", "front"
         model_file = path / cfg.get("decoder", {}).get("filename", "model.onnx")
         own = int(cfg.get("context_length", 0))
@@ -116,7 +117,7 @@ def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
         slack = int(dec.get("sliding_window", {}).get("cache_slack", 0))
         # genai's own loop shares them where its config says so: the graph
         # then reads every length from the attention mask.
-        share = bool(_json(path / "genai_config.json").get("search", {}).get("past_present_share_buffer", False))
+        share = bool(genai.get("search", {}).get("past_present_share_buffer", False))
     elif (path / "tiny_lm.json").is_file():
         kind, layout = "tiny_lm", "front"
         model_file = path / "model.onnx"

@@ -15,8 +15,6 @@ import numpy as np
 
 from .kv_batch import KVBatch
 
-# Model metadata: past and present may be one buffer (graph_passes.gqa_fusion).
-SHARE_BUFFER_KEY = "hinamoe.past_present_share_buffer"
 # Columns a shared cache holds beyond its tokens: a move to a larger buffer
 # every SPARE_COLUMNS steps instead of a copy of the cache every step.
 SPARE_COLUMNS = 64
@@ -45,9 +43,9 @@ class Runner:
         kept as sliding-window ring buffers (GroupQueryAttention
         ``sliding_window_cache=1``, genai's gpt-oss) and their capacity; the
         op evicts inside them, so each is bound as its own present.
-        ``share_buffer``: every cache may be past and present at once (genai's
-        ``past_present_share_buffer``; hina-export marks its graphs in their
-        metadata, which is read here too)."""
+        ``share_buffer``: every cache may be past and present at once
+        (``ModelFolder.share_buffer``: genai's ``past_present_share_buffer``,
+        or hina-export's mark in the graph's metadata)."""
         self.sess, self.layout = sess, layout
         inputs = {i.name: i for i in sess.get_inputs()}
         outputs = {o.name for o in sess.get_outputs()}
@@ -86,10 +84,8 @@ class Runner:
         self.whole_prompts = any(c is not None for c in self.capacity)
         logits = next(o for o in sess.get_outputs() if o.name == "logits")
         self.vocab = logits.shape[-1] if isinstance(logits.shape[-1], int) else None
-        # A graph that reads its lengths from attention_mask alone (hina-export
-        # marks it) decodes with each growing cache bound as past and present.
-        meta = sess.get_modelmeta().custom_metadata_map
-        self.spare = SPARE_COLUMNS if share_buffer or meta.get(SHARE_BUFFER_KEY) == "1" else 0
+        # Decode binds each growing cache as past and present at once.
+        self.spare = SPARE_COLUMNS if share_buffer else 0
 
     def new_batch(self) -> KVBatch:
         return KVBatch(self.layout, self.layers, self.kv_heads, self.head_dim, self.dtype, self.capacity,
