@@ -3,16 +3,18 @@
 //
 //   hinamoe_gqa_bench [--heads 32/4,32/8,64/8] [--d 128,128,64] [--ctx 512,2048,8192,32768]
 //                     [--batch 1,4] [--threads 2] [--tier auto|ref|avx2|...] [--prefill]
-//                     [--dtype f32,f16] [--variants lanes/pf,...]
+//                     [--dtype f32,f16] [--variants lanes/pf,...] [--cache-mib 128]
 //
 // One decode step (S = 1) per call on a shared KV buffer of capacity ctx + 1,
 // every row at context ctx, with K/V (and all other tensors) of each
-// --dtype. Reports the best and median time over repeated calls, the K+V
+// --dtype. Calls cycle over enough such buffers ("layers") to hold
+// --cache-mib of K/V, so they stream from DRAM as in a multi-layer decode
+// (--cache-mib 0: one buffer, which stays in cache when it fits). Reports the best and median time over repeated calls, the K+V
 // bytes read per second (at the best time), and their share of the read
 // bandwidth probed at the start.
 // --variants (A/B runs of the AVX2 kernel's knobs: "lanes/prefetch keys",
-// e.g. 0,1/16,1/0 = row kernel, lanes kernel prefetching 16 keys ahead,
-// lanes kernel without software prefetch) alternates the variants call by
+// e.g. 0,1/16,1/0,1/32/l2 = row kernel, lanes kernel prefetching 16 keys
+// ahead, lanes kernel without software prefetch, 32 keys ahead into L2) alternates the variants call by
 // call, so a busy machine slows them alike.
 // --prefill times first prompts of ctx tokens instead (GB/s is then only
 // the K+V bytes over the time, not a bandwidth figure).
@@ -45,6 +47,7 @@ int main(int argc, char** argv) {
   int threads = 2;
   std::string dtypes = "f32", variants;
   bool prefill = false;
+  int64_t cache_mib = 128;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -57,8 +60,9 @@ int main(int argc, char** argv) {
     else if (a == "--prefill") prefill = true;
     else if (a == "--dtype") dtypes = next();
     else if (a == "--variants") variants = next();
+    else if (a == "--cache-mib") cache_mib = std::atoll(next().c_str());
     else {
-      std::printf("usage: %s [--heads N/Nkv,...] [--d d,...] [--ctx T,...] [--batch B,...] [--threads n] [--tier name] [--prefill] [--dtype f32,f16] [--variants lanes/pf,...]\n",
+      std::printf("usage: %s [--heads N/Nkv,...] [--d d,...] [--ctx T,...] [--batch B,...] [--threads n] [--tier name] [--prefill] [--dtype f32,f16] [--variants lanes/pf,...] [--cache-mib M]\n",
                   argv[0]);
       return a == "--help" || a == "-h" ? 0 : 2;
     }
@@ -80,6 +84,7 @@ int main(int argc, char** argv) {
     GqaAvx2Knobs k;
     k.lanes = std::atoi(v.c_str()) != 0;
     if (v.find('/') != std::string::npos) k.prefetch_keys = std::atoll(v.substr(v.find('/') + 1).c_str());
+    k.prefetch_l2 = v.find("/l2") != std::string::npos;
     knobs.push_back(k);
     knob_names.push_back(v);
   }
@@ -117,8 +122,15 @@ int main(int argc, char** argv) {
             return buf;
           };
           const size_t kv_n = size_t(B * Nkv * cap * d), q_n = size_t(B * S * N * d), k_n = size_t(B * S * Nkv * d);
-          std::vector<uint8_t> kv_k = random_tensor(kv_n), kv_v = random_tensor(kv_n), q = random_tensor(q_n),
-                               k = random_tensor(k_n), v = random_tensor(k_n), out = random_tensor(q_n);
+          const size_t layer_bytes = 2 * kv_n * (f16 ? 2 : 4);
+          const size_t layers = std::max<size_t>(1, (size_t(cache_mib) << 20) / layer_bytes + 1);
+          std::vector<std::vector<uint8_t>> kv_k, kv_v;
+          for (size_t l = 0; l < layers; ++l) {
+            kv_k.push_back(random_tensor(kv_n));
+            kv_v.push_back(random_tensor(kv_n));
+          }
+          std::vector<uint8_t> q = random_tensor(q_n), k = random_tensor(k_n), v = random_tensor(k_n),
+                               out = random_tensor(q_n);
           std::vector<int32_t> seqlens(size_t(B), int32_t(T - 1));  // T tokens after this step
           GqaShape sh;
           sh.batch = B;
@@ -134,8 +146,11 @@ int main(int argc, char** argv) {
           t.query = q.data();
           t.key = k.data();
           t.value = v.data();
-          t.past_key = t.present_key = kv_k.data();
-          t.past_value = t.present_value = kv_v.data();
+          auto use_layer = [&](size_t l) {
+            t.past_key = t.present_key = kv_k[l].data();
+            t.past_value = t.present_value = kv_v[l].data();
+          };
+          use_layer(0);
           t.seqlens_k = seqlens.data();
           t.output = out.data();
           GqaAttrs attrs;
@@ -146,8 +161,10 @@ int main(int argc, char** argv) {
           }
           std::vector<std::vector<double>> times(knobs.size());
           const double start = now(), budget = 0.5 * double(knobs.size());
+          size_t call = 0;
           while (times[0].size() < 5 || (now() - start < budget && times[0].size() < 5000)) {
             for (size_t vi = 0; vi < knobs.size(); ++vi) {
+              use_layer(++call % layers);
               gqa_avx2_knobs() = knobs[vi];
               const double t0 = now();
               gqa(sh, attrs, t, *tier, par);

@@ -4,9 +4,10 @@
 //
 //   hinamoe_qmoe_bench [--shape qwen3|gptoss|mixtral|dsv3|all] [--bits 4,8]
 //                      [--block 32] [--m 1,2,4,8,16] [--threads 2]
-//                      [--tier auto] [--al 0,4] [--reps 200]
+//                      [--tier auto] [--al 0,4] [--reps 200] [--layer-mib 128]
 //
-// The layer holds enough experts for ~4x the last-level cache; each call
+// The layer holds enough experts for ~4x the last-level cache (--layer-mib:
+// a small layer, e.g. 8, stays in cache and shows the compute bound); each call
 // routes all tokens to k experts (M tokens each), and the active experts
 // rotate from call to call, so the codes come from DRAM as in decode.
 // Reports the median and 10th/90th percentile ms, GB/s of packed codes plus
@@ -44,12 +45,14 @@ int main(int argc, char** argv) {
   std::vector<int64_t> Ms = {1, 2, 4, 8, 16};
   int64_t block = 32;
   int threads = 2, reps = 200;
+  int64_t layer_mib = 128;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--tier") tier_name = v;
     else if (a == "--shape") shape = v;
     else if (a == "--block") block = std::atoll(v.c_str());
     else if (a == "--threads") threads = std::max(1, std::atoi(v.c_str()));
+    else if (a == "--layer-mib") layer_mib = std::max<int64_t>(1, std::atoll(v.c_str()));
     else if (a == "--reps") reps = std::max(5, std::atoi(v.c_str()));
     else if (a == "--bits") { bitss.clear(); for (auto& s : split(v)) bitss.push_back(std::atoi(s.c_str())); }
     else if (a == "--al") { als.clear(); for (auto& s : split(v)) als.push_back(std::atoi(s.c_str())); }
@@ -77,7 +80,7 @@ int main(int argc, char** argv) {
     for (int bits : bitss) {
       const int64_t nb1 = (s.H + block - 1) / block, nb2 = (s.I + block - 1) / block;
       const int64_t per_expert = 2 * s.I * s.H * bits / 8 + s.H * s.I * bits / 8 + 4 * (2 * s.I * nb1 + s.H * nb2);
-      const int64_t E = std::max<int64_t>(2 * s.k, (int64_t(128) << 20) / per_expert / s.k * s.k);
+      const int64_t E = std::max<int64_t>(s.k, (layer_mib << 20) / per_expert / s.k * s.k);
       std::vector<uint8_t> w1(size_t(E * 2 * s.I * s.H * bits / 8)), w2(size_t(E * s.H * s.I * bits / 8));
       for (auto& c : w1) c = uint8_t(g());
       for (auto& c : w2) c = uint8_t(g());

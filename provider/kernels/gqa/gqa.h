@@ -193,7 +193,8 @@ struct GqaTier {
 // them during a call).
 struct GqaAvx2Knobs {
   bool lanes = true;           // lanes kernel for blocks of >= 4 rows (false: the row kernel)
-  int64_t prefetch_keys = 16;  // lanes kernel: software prefetch distance in keys (0: none)
+  int64_t prefetch_keys = 32;  // lanes kernel: software prefetch distance in keys (0: none)
+  bool prefetch_l2 = true;     // both kernels: prefetch into L2 (T1); false: into L1 (T0)
 };
 GqaAvx2Knobs& gqa_avx2_knobs();
 

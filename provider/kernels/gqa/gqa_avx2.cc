@@ -80,6 +80,13 @@ HINAMOE_AVX2_INLINE __m256 exp_nonpos(__m256 x) {
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
 }
 
+// Software prefetch of K/V lines: into L2 (T1) by default. Streaming from
+// DRAM, T1 beat T0 by 1.0-1.8x (docs/kernels.md); in cache they are alike.
+HINAMOE_AVX2_INLINE void pf_line(const char* p) {
+  if (gqa_avx2_knobs().prefetch_l2) _mm_prefetch(p, _MM_HINT_T1);
+  else _mm_prefetch(p, _MM_HINT_T0);
+}
+
 // Scores of KB keys starting at k0 (row stride kv_stride) for rows [0, RB):
 // sc[r*ld + kk] = q_r . k_kk. RB x KB accumulators; 4 x 3 = 12 keeps enough
 // independent FMA chains in flight to cover the FMA latency (4 x 2 left the
@@ -93,7 +100,7 @@ HINAMOE_AVX2_INLINE void scores_keys(const float* q, int64_t d, const typename E
   for (int64_t c = 0; c < d; c += 8) {
     if ((c * int64_t(sizeof(*k0))) % 64 == 0)
       for (int kk = 0; kk < KB; ++kk)
-        _mm_prefetch(reinterpret_cast<const char*>(k0 + kk * kv_stride + pf + c), _MM_HINT_T0);
+        pf_line(reinterpret_cast<const char*>(k0 + kk * kv_stride + pf + c));
     __m256 kv[KB];
     for (int kk = 0; kk < KB; ++kk) kv[kk] = load8<DT>(k0 + kk * kv_stride + c);
     for (int r = 0; r < RB; ++r) {
@@ -146,8 +153,8 @@ HINAMOE_AVX2_INLINE void pv_strip(const float* p, int64_t ld, const typename Ele
   const E* vj = v + c;
   const char* pfj = reinterpret_cast<const char*>(v + pf) + first;
   for (int64_t j = 0; j < nk; ++j, vj += kv_stride, pfj += kv_stride * es) {
-    if (nlines > 0) _mm_prefetch(pfj, _MM_HINT_T0);
-    if (nlines > 1) _mm_prefetch(pfj + 64, _MM_HINT_T0);
+    if (nlines > 0) pf_line(pfj);
+    if (nlines > 1) pf_line(pfj + 64);
     __m256 x[NV];
     for (int i = 0; i < NV; ++i) x[i] = load8<DT>(vj + 8 * i);
     for (int r = 0; r < RB; ++r) {
@@ -184,8 +191,6 @@ HINAMOE_AVX2_INLINE void pv_block(const float* p, int64_t ld, const typename Ele
 // at 1/3 of the FMA rate on Zen 3: its broadcasts from memory bound it.)
 constexpr int64_t kLaneKeys = 16;  // keys per block: scores, softmax, P*V (12..24 measured alike)
 
-// Software prefetch into L1 (T1 / NTA hints measured no different).
-HINAMOE_AVX2_INLINE void pf_line(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
 
 // A run of bytes to prefetch in address order, one line per next(): the
 // L2 stream prefetcher follows an ascending run of requests and goes on
