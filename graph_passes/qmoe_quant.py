@@ -65,12 +65,15 @@ def unpack(packed: np.ndarray, bits: int) -> np.ndarray:
     return out
 
 
-def quantize(w: np.ndarray, bits: int, block_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric quantisation of ``w [..., N, K]``; returns (packed, float32 scales).
+def quantize(w: np.ndarray, bits: int, block_size: int = 32,
+             scale_dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric quantisation of ``w [..., N, K]``; returns (packed, scales
+    in ``scale_dtype``).
 
     ``scale = max|w| / (2**(bits-1) - 1)`` per row (``block_size=0``) or per
-    block of ``block_size`` along K; codes ``round(w / scale) + zp`` clipped
-    to ``[0, 2**bits - 1]``. An all-zero block gets scale 1 (codes = zp).
+    block of ``block_size`` along K, rounded to ``scale_dtype`` before the
+    codes are taken against it; codes ``round(w / scale) + zp`` clipped to
+    ``[0, 2**bits - 1]``. An all-zero block gets scale 1 (codes = zp).
     Arithmetic in float32 (float64 for float64 input): an export quantises
     every expert of the model here, 3x faster than in float64.
     """
@@ -84,6 +87,7 @@ def quantize(w: np.ndarray, bits: int, block_size: int = 32) -> tuple[np.ndarray
     qmax = 2 ** (bits - 1) - 1
     scale = (np.abs(blocks).max(axis=-1) / qmax).astype(np.float32)
     scale[scale == 0] = 1.0
+    scale = scale.astype(scale_dtype)
     q = np.rint(blocks / scale[..., None].astype(work))
     q += 2 ** (bits - 1)
     np.clip(q, 0, 2 ** bits - 1, out=q)

@@ -1,9 +1,11 @@
 """quantize pass: ``--dtype int4|int8``, the model 4- or 8-bit end to end.
 
 * Every com.microsoft::MoE node becomes com.microsoft::QMoE: fc1/fc2 weights
-  symmetric, block-wise along K (``block_size``, 32 by default), float
-  scales ``[E, N, K / block_size]`` in the model's type, no zero points
-  (default 2**(bits-1)); layout in ``qmoe_quant``.
+  symmetric, block-wise along K (``block_size``, 32 by default), scales
+  ``[E, N, K / block_size]`` (QMoE's T2: float16 beside float32 tokens,
+  halving their bytes to Q4_0's share, unless a scale falls outside
+  float16's normal range; else the model's type), no zero points (default
+  2**(bits-1)); layout in ``qmoe_quant``.
 * Every other MatMul with a constant 2-D weight (attention projections,
   lm_head, shared experts) becomes MatMulNBits through ONNX Runtime's
   quantizer (``matmul_nbits``), same bits and block size. The routers stay
@@ -121,16 +123,26 @@ def _why_not_qmoe(node: ir.Node) -> str | None:
     return None
 
 
-def _quantise_weight(weight: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """qmoe_quant.quantize over [E, N, K] a few experts at a time."""
+def _quantise_weight(weight: np.ndarray, bits: int, block_size: int, scale_np):
+    """qmoe_quant.quantize over [E, N, K] a few experts at a time, scales in
+    `scale_np`; None when that is float16 and a scale lies outside its
+    normal range (it would keep fewer than 11 significant bits, or overflow)."""
     e, n, k = weight.shape
     packed = np.empty((e, n, k * bits // 8), np.uint8)
-    scales = np.empty((e, n, k // block_size), np.float32)
+    scales = np.empty((e, n, k // block_size), scale_np)
     step = max(1, CHUNK_ELEMENTS // max(1, n * k))
     for first in range(0, e, step):
-        p, s = qmoe_quant.quantize(weight[first:first + step], bits, block_size)
+        p, s = qmoe_quant.quantize(weight[first:first + step], bits, block_size, scale_np)
+        if np.dtype(scale_np) == np.float16 and not fits_float16(s):
+            return None
         packed[first:first + step], scales[first:first + step] = p, s
     return packed, scales
+
+
+def fits_float16(scales: np.ndarray) -> bool:
+    """Every scale finite and in float16's normal range."""
+    a = np.abs(scales.astype(np.float32))
+    return bool(np.all(np.isfinite(a)) and a.min(initial=1.0) >= F16_NORMAL_MIN)
 
 
 def _initializer(graph: ir.Graph, name: str, arr: np.ndarray) -> ir.Value:
@@ -153,14 +165,19 @@ def _to_qmoe(graph: ir.Graph, node: ir.Node, bits: int, block_size: int) -> dict
     layer = _layer(node)
     prefix = layer.strip("/").replace("/", ".") + ".qmoe."
     fc1, fc2 = node.inputs[2], node.inputs[4]
-    # Scales in the op's T: the tokens' type (the weights' when the graph does not say).
-    scale_type = node.inputs[0].dtype or fc1.const_value.dtype
-    scale_np = ir.DataType(scale_type).numpy()
-    quantised = []
-    for name, value in (("fc1", fc1), ("fc2", fc2)):
-        packed, scales = _quantise_weight(value.const_value.numpy(), bits, block_size)
-        quantised.append((_initializer(graph, f"{prefix}{name}_experts_weights", packed),
-                          _initializer(graph, f"{prefix}{name}_scales", scales.astype(scale_np))))
+    # The op's T: the tokens' type (the weights' when the graph does not say).
+    token_type = node.inputs[0].dtype or fc1.const_value.dtype
+    # T2, the scales' type, is free of T: float16 beside float32 tokens.
+    token_np = ir.DataType(token_type).numpy()
+    scale_np = np.float16 if np.dtype(token_np) == np.float32 else token_np
+    weights = [_quantise_weight(v.const_value.numpy(), bits, block_size, scale_np) for v in (fc1, fc2)]
+    if None in weights:
+        scale_np = token_np
+        weights = [_quantise_weight(v.const_value.numpy(), bits, block_size, scale_np) for v in (fc1, fc2)]
+    quantised = [(_initializer(graph, f"{prefix}{name}_experts_weights", packed),
+                  _initializer(graph, f"{prefix}{name}_scales", scales))
+                 for name, (packed, scales) in zip(("fc1", "fc2"), weights)]
+    del weights
     (q1, s1), (q2, s2) = quantised
     fc1_bias = node.inputs[3] if len(node.inputs) > 3 else None
     fc2_bias = node.inputs[5] if len(node.inputs) > 5 else None
@@ -176,7 +193,7 @@ def _to_qmoe(graph: ir.Graph, node: ir.Node, bits: int, block_size: int) -> dict
         routing = "router_weights = Softmax(logits), not renormalised (= MoE's normalize=0)"
     qmoe = ir.node("QMoE", inputs, attrs, domain=MS_DOMAIN, name=f"{layer}/QMoE")
     old_out, new_out = node.outputs[0], qmoe.outputs[0]
-    new_out.dtype, new_out.shape = old_out.dtype or scale_type, old_out.shape
+    new_out.dtype, new_out.shape = old_out.dtype or token_type, old_out.shape
     graph.insert_before(node, qmoe)
     old_out.replace_all_uses_with(new_out, replace_graph_outputs=True)
     name, old_out.name = old_out.name, f"{old_out.name}.replaced"
@@ -186,8 +203,12 @@ def _to_qmoe(graph: ir.Graph, node: ir.Node, bits: int, block_size: int) -> dict
     after = sum(v.const_value.nbytes for v in (q1, s1, q2, s2))
     _drop_if_unused(graph, fc1, fc2)
     return {"layer": layer, "op": "QMoE", "bits": bits, "block_size": block_size,
-            "experts": int(fc1.const_value.shape[0]), "routing": routing,
+            "experts": int(fc1.const_value.shape[0]), "scales": np.dtype(scale_np).name, "routing": routing,
             "weight_bytes_before": before, "weight_bytes_after": after}
+
+
+# float16's smallest normal value.
+F16_NORMAL_MIN = 6.104e-5
 
 
 def _drop_if_unused(graph: ir.Graph, *values: ir.Value) -> None:

@@ -43,6 +43,7 @@ class QMoEConfig:
     activation: str = "swiglu"
     swiglu_fusion: int = 1
     dtype: str = "float32"
+    scale_dtype: str | None = None  # T2 of the scales; None: dtype (ORT lets them differ)
     fc1_bias: bool = False
     fc2_bias: bool = False
     fc3_bias: bool = False
@@ -60,6 +61,7 @@ class QMoEConfig:
 
     def __post_init__(self) -> None:
         self.dtype = canon_dtype(self.dtype)
+        self.scale_dtype = canon_dtype(self.scale_dtype or self.dtype)
 
     def has_zero_points(self, key: str) -> bool:
         return self.zero_points is True or (isinstance(self.zero_points, tuple) and key in self.zero_points)
@@ -91,7 +93,7 @@ class QMoEConfig:
 
     def packed_bytes(self) -> int:
         """Bytes of one expert's codes plus scales (what the kernels stream)."""
-        item = np_dtype(self.dtype).itemsize
+        item = np_dtype(self.scale_dtype).itemsize
         total = 0
         for rows, cols in self.matrices():
             nb = -(-cols // self.block_size) if self.block_size else 1
@@ -121,7 +123,7 @@ def pack_zero_points(zp: np.ndarray, bits: int, blockwise: bool) -> np.ndarray:
 
 
 def _quantised(cfg: QMoEConfig, rows: int, cols: int, rng: np.random.Generator, zero_points: bool):
-    dt = np_dtype(cfg.dtype)
+    dt = np_dtype(cfg.scale_dtype)
     if cfg.random_codes:  # GB-sized layers: no float64 weights
         nb = -(-cols // cfg.block_size) if cfg.block_size else 1
         packed = rng.integers(0, 256, size=(cfg.experts, rows, cols * cfg.bits // 8), dtype=np.uint8)
@@ -149,6 +151,7 @@ def _quantised(cfg: QMoEConfig, rows: int, cols: int, rng: np.random.Generator, 
 def build_qmoe_model(cfg: QMoEConfig, rng: np.random.Generator, name: str = "qmoe"):
     dt = np_dtype(cfg.dtype)
     et = onnx_dtype(cfg.dtype)
+    st = onnx_dtype(cfg.scale_dtype)
     w: dict = {"deq": {}}
     mats = {"fc1": (cfg.fc1_rows, cfg.hidden), "fc2": (cfg.hidden, cfg.inter)}
     if cfg.has_fc3:
@@ -169,7 +172,7 @@ def build_qmoe_model(cfg: QMoEConfig, rng: np.random.Generator, name: str = "qmo
         key = by_input.get(iname)
         if key is not None and key in w:
             arr = w[key]
-            elem = TensorProto.UINT8 if arr.dtype == np.uint8 else et
+            elem = TensorProto.UINT8 if arr.dtype == np.uint8 else (st if iname.endswith("_scales") else et)
             inits.append(helper.make_tensor(iname, elem, list(arr.shape), vals=arr.tobytes(), raw=True))
             node_inputs.append(iname)
         elif iname in ("input", "router_probs") or (iname == "router_weights" and cfg.router_weights):

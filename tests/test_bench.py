@@ -81,6 +81,12 @@ def test_tiny_ffn_run(tmp_path, capsys):
     assert "qwen3-30b-a3b" in capsys.readouterr().out
 
 
+def test_unknown_dtype_is_a_clear_error(tmp_path, capsys):
+    assert main(["ffn", "--dtypes", "int4-al4", "--no-progress", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--dtypes" in err and "int4-al4" in err and "int8" in err
+
+
 def test_roofline_bound():
     from hinamoe.bench.common import roofline_gbs
 

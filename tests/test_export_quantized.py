@@ -63,9 +63,11 @@ def _check_quantised_graph(model: onnx.ModelProto, report: dict, config, bits: i
     block = "block_sparse_moe" if config.model_type == "mixtral" else "mlp"
     assert [s["layer"] for s in qmoe] == [f"/model/layers.{i}/{block}" for i in range(layers)]
     assert all(s["bits"] == bits and s["block_size"] == 32 for s in quant["fused"])
-    # bytes: bits per weight + a float32 scale per 32 (MatMulNBits: K padded to 32)
+    # bytes: bits per weight + a scale per 32, float16 for QMoE (its T2) and
+    # float32 for MatMulNBits (its T1; K padded to 32)
     for s in qmoe:
-        assert s["weight_bytes_after"] * 32 == s["weight_bytes_before"] * (bits + 1), s
+        assert s["scales"] == "float16"
+        assert s["weight_bytes_after"] * 64 == s["weight_bytes_before"] * (2 * bits + 1), s
     for s in nbits.values():
         assert s["weight_bytes_before"] == s["K"] * s["N"] * 4
         assert s["weight_bytes_after"] == s["N"] * -(-s["K"] // 32) * (32 * bits // 8 + 4), s

@@ -213,6 +213,29 @@ def test_many_tokens_per_expert(isa, accuracy_level, rng):
                     factor=_int8_factor(cfg, hina=True))
 
 
+@pytest.mark.parametrize("isa", ["ref", "avx2", "avx512", "amx-emu"])
+@pytest.mark.parametrize("scale_dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("accuracy_level", [None, 4])
+def test_scales_narrower_than_tokens(isa, scale_dtype, accuracy_level, rng):
+    """float32 tokens with float16/bfloat16 scales (T2 is free of T): what
+    hina-export writes, every tier, 1 and many tokens per expert, against the
+    float64 reference on the rounded scales; float16 also against the CPU EP."""
+    require_isa(isa)
+    for bits, block in ((4, 32), (8, 0)):
+        cfg = QMoEConfig(hidden=128, inter=96, experts=4, k=2, bits=bits, block_size=block, scale_dtype=scale_dtype,
+                         fc1_bias=True, fc2_bias=True, accuracy_level=accuracy_level)
+        model, w = build_qmoe_model(cfg, rng)
+        assert w["fc1_scales"].dtype.itemsize == 2
+        x, lg, _ = _inputs(cfg, int(rng.choice([1, 3, 40])), rng)
+        out = _run(hina_session(model, isa=isa), cfg, x, lg)
+        ref = qmoe_reference(cfg, x, lg, w)
+        check_close(out, ref, "float32", f"{isa} bits={bits} {scale_dtype} scales", factor=_int8_factor(cfg, True))
+        if scale_dtype == "float16":
+            cpu = _run(cpu_session(model), cfg, x, lg)
+            check_close(out, cpu.astype(np.float64), "float32", "HinaMoE vs CPU EP",
+                        factor=max(_int8_factor(cfg, True), _int8_factor(cfg, False)) * 2)
+
+
 def test_rowwise_scales_rank3(rng):
     """Row-wise scales as [E, N, 1] count as row-wise (ORT does the same)."""
     cfg = QMoEConfig(hidden=64, inter=32, experts=3, k=1, bits=4, block_size=0, scale_rank3_rowwise=True,
@@ -336,16 +359,18 @@ def test_nan_logits_and_empty_tokens(rng):
     assert out.shape == (0, 64)
 
 
-def test_wrong_dtype_of_scales(rng):
-    """float16 scales on a float32 node: ORT's type check or our error, never a crash."""
+def test_scales_of_two_types(rng):
+    """float16 fc1 scales beside float32 fc2 scales (T2 is one type): ORT's
+    type check or our error naming the input, never a crash."""
     from onnx import TensorProto
 
     cfg = QMoEConfig(hidden=64, inter=32, experts=4, k=2, bits=4, block_size=32)
     model, w = build_qmoe_model(cfg, rng)
     _replace_init(model, "fc1_scales", w["fc1_scales"].astype(np.float16), TensorProto.FLOAT16)
     x, lg, _ = _inputs(cfg, 2, rng)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception) as info:
         hina_session(model).run(None, {"input": x, "router_probs": lg})
+    assert "scales" in error_text(info.value) or "T2" in error_text(info.value)
 
 
 # ---------------------------------------------------------------- threads

@@ -89,7 +89,9 @@ def test_qmoe_matches_float64_reference(dtype, normalize, provider, rng, monkeyp
     e, n1, h = fc1.shape
     assert node.inputs[2].const_value.shape == (e, n1, h * bits // 8)
     assert node.inputs[3].const_value.shape == (e, n1, h // block_size)
-    assert node.inputs[3].const_value.dtype == ir.DataType.FLOAT
+    # Scales are T2: float16 beside float32 tokens (they fit here).
+    assert node.inputs[3].const_value.dtype == node.inputs[6].const_value.dtype == ir.DataType.FLOAT16
+    assert [r["scales"] for p in report.passes if p.name == "quantize" for r in p.fused if r["op"] == "QMoE"] == ["float16"]
     assert node.inputs[5].const_value.shape == (e, h, fc2.shape[2] * bits // 8)
     # Renormalised: QMoE's own routing. Not renormalised: router_weights = Softmax(logits).
     if normalize:
@@ -109,6 +111,21 @@ def test_qmoe_matches_float64_reference(dtype, normalize, provider, rng, monkeyp
     want = qmoe_reference(x2, logits, node).reshape(x.shape)
     got = _session(model, provider).run(None, {"hidden": x})[0]
     check_close(got, want, "float32", f"{dtype} QMoE, {'' if normalize else 'not '}renormalised")
+
+
+def test_scales_stay_float32_where_float16_would_round_them_away(rng):
+    """A block of tiny weights (scale below float16's normal range) or huge
+    ones (overflow) keeps every scale of the node in the tokens' type."""
+    for bad, ok in ((None, True), (3e-3, False), (1e7, False)):
+        w = rng.uniform(-0.1, 0.1, size=(3, 8, 64)).astype(np.float32)
+        if bad is not None:
+            w[int(rng.integers(3)), int(rng.integers(8)), 32:] *= bad  # one block
+        got = quantize._quantise_weight(w, 4, 32, np.float16)
+        assert (got is not None) == ok
+        if ok:
+            packed, scales = got
+            assert scales.dtype == np.float16
+            _within_steps(qmoe_quant.dequantize(packed, scales, 4, 32), w, scales, 32, "float16 scales")
 
 
 def test_qmoe_int8_cpu_default_int8_activations(rng):
@@ -218,7 +235,7 @@ def test_report_names_what_was_quantised(rng):
     assert q["layer"] == "/model/layers.0/mlp" and q["bits"] == 4 and q["block_size"] == 32
     assert q["weight_bytes_before"] == fc1.nbytes + fc2.nbytes
     packed = (fc1.size + fc2.size) // 2
-    scales = (fc1.size + fc2.size) // 32 * 4
+    scales = (fc1.size + fc2.size) // 32 * 2  # float16 (QMoE's T2)
     assert q["weight_bytes_after"] == packed + scales
     assert "not renormalised" in q["routing"]
     # the shared expert's gate, up, down and sigmoid gate (the first, second
@@ -329,9 +346,9 @@ def test_pipeline_int8_dtype_pass_steps_aside(rng):
 def test_quantise_in_chunks_same_as_at_once(rng, monkeypatch):
     """Large expert weights are quantised a few experts at a time: same bytes."""
     w = rng.standard_normal((5, 48, 64)).astype(np.float32)
-    whole = qmoe_quant.quantize(w, 4, 32)
+    whole = qmoe_quant.quantize(w, 4, 32, np.float16)
     monkeypatch.setattr(quantize, "CHUNK_ELEMENTS", 2 * 48 * 64)
-    chunked = quantize._quantise_weight(w, 4, 32)
+    chunked = quantize._quantise_weight(w, 4, 32, np.float16)
     np.testing.assert_array_equal(chunked[0], whole[0])
     np.testing.assert_array_equal(chunked[1], whole[1])
 

@@ -41,10 +41,21 @@ OrtStatus* QMoEKernel::compute(OrtKernelContext* context) const {
     if (in[i] == nullptr) return error(kInputNames[i], "is required");
   }
   const ONNXTensorElementDataType T = elem[0];
-  for (int i : {1, 3, 4, 6, 7, 9, 10, 14}) {
+  for (int i : {1, 4, 7, 10, 14}) {
     if (in[i] != nullptr && elem[i] != T) {
       return error(kInputNames[i], "has element type " + std::to_string(elem[i]) + " but input has " +
                                        std::to_string(T) + " (they must share T)");
+    }
+  }
+  // The scales are T2: one type of their own (float, float16 or bfloat16).
+  const ONNXTensorElementDataType T2 = elem[3];
+  if (T2 != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && T2 != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 &&
+      T2 != ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16)
+    return error(kInputNames[3], "has element type " + std::to_string(T2) + "; expected float, float16 or bfloat16");
+  for (int i : {6, 9}) {
+    if (in[i] != nullptr && elem[i] != T2) {
+      return error(kInputNames[i], "has element type " + std::to_string(elem[i]) + " but fc1_scales has " +
+                                       std::to_string(T2) + " (the scales share T2)");
     }
   }
   for (int i : {2, 5, 8, 11, 12, 13}) {
@@ -124,6 +135,7 @@ OrtStatus* QMoEKernel::compute(OrtKernelContext* context) const {
   HINA_RETURN_IF_ERROR(blocks(8, 9, 13, s.inter, s.hidden, &t.fc3_nb));
 
   t.dtype = to_dtype(T);
+  t.scale_dtype = to_dtype(T2);
   auto data = [&](int i) { return in[i] == nullptr ? nullptr : in[i].GetTensorRawData(); };
   auto bytes = [&](int i) { return static_cast<const uint8_t*>(data(i)); };
   t.input = data(0);

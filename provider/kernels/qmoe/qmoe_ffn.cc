@@ -178,9 +178,9 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
     maybe_parallel(par, E, R * H, [&](size_t e) { in1.build_tiles(begin[e], begin[e + 1]); });
   }
 
-  auto w1 = [&](int64_t e) { return expert_weight(t.fc1_w, t.fc1_s, t.fc1_zp, dt, qa.bits, F1, H, t.fc1_nb, qa.block_size, e); };
-  auto w3 = [&](int64_t e) { return expert_weight(t.fc3_w, t.fc3_s, t.fc3_zp, dt, qa.bits, I, H, t.fc3_nb, qa.block_size, e); };
-  auto w2 = [&](int64_t e) { return expert_weight(t.fc2_w, t.fc2_s, t.fc2_zp, dt, qa.bits, H, I, t.fc2_nb, qa.block_size, e); };
+  auto w1 = [&](int64_t e) { return expert_weight(t.fc1_w, t.fc1_s, t.fc1_zp, t.scale_dtype, qa.bits, F1, H, t.fc1_nb, qa.block_size, e); };
+  auto w3 = [&](int64_t e) { return expert_weight(t.fc3_w, t.fc3_s, t.fc3_zp, t.scale_dtype, qa.bits, I, H, t.fc3_nb, qa.block_size, e); };
+  auto w2 = [&](int64_t e) { return expert_weight(t.fc2_w, t.fc2_s, t.fc2_zp, t.scale_dtype, qa.bits, H, I, t.fc2_nb, qa.block_size, e); };
 
   // Phase 1: gate/up GEMMs into h1 (gemm(weight, fc, rows, Y) per weight
   // row range, fc 1 or 3), then biases and the activation -> in2.x.

@@ -223,7 +223,8 @@ const QuantKernels& quant_avx512_tiles();
 const QuantKernels& quant_kernels_for(const KernelTier& tier);
 
 struct QMoETensors {
-  DType dtype = DType::F32;       // T: input, router, scales, biases, output
+  DType dtype = DType::F32;       // T: input, router, biases, output
+  DType scale_dtype = DType::F32; // T2: the scales (ORT lets them differ from T)
   const void* input = nullptr;    // [tokens, H]
   const void* router = nullptr;   // [tokens, E] logits
   const void* router_weights = nullptr;  // optional [tokens, E]: mixing weights of the chosen experts

@@ -273,7 +273,12 @@ def run(args) -> int:
     tokens = args.tokens or ([1, 4, 16] if quick else list(DEFAULT_TOKENS))
     asked = args.dtypes or (["f32", "bf16"] if quick else list(DEFAULT_DTYPES))
     quant = [QUANT_ALIASES[d.lower()] for d in asked if d.lower() in QUANT_ALIASES]
-    dtypes = [short_dtype(canon_dtype(d)) for d in asked if d.lower() not in QUANT_ALIASES]
+    try:
+        dtypes = [short_dtype(canon_dtype(d)) for d in asked if d.lower() not in QUANT_ALIASES]
+    except ValueError as e:
+        print(f"hina-bench ffn: --dtypes: {e}; float types (f32, f16, bf16) or {', '.join(sorted(QUANT_ALIASES))} "
+              "(the quantised ones run with and without accuracy_level 4)", file=sys.stderr)
+        return 2
     cores = os.cpu_count() or 1
     threads = args.threads or ([min(2, cores)] if quick else
                                [t for t in DEFAULT_THREADS if t <= cores] or [1])
