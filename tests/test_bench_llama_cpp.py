@@ -49,15 +49,23 @@ with open(Path(__file__).parent.parent.parent / "calls.log", "a") as f:
 BENCH = '''#!{py}
 import json, sys
 args = sys.argv[1:]
+if args == ["--help"]:
+    print("  -d, --n-depth <n>   (default: 0)" if {depth} else "  -n, --n-gen <n>")
+    sys.exit(0)
 p, n = int(args[args.index("-p") + 1]), int(args[args.index("-n") + 1])
-print(json.dumps([
-    {{"n_prompt": p, "n_gen": 0, "avg_ts": {pp}, "stddev_ts": 1.5, "build_commit": "fake", "build_number": 1}},
-    {{"n_prompt": 0, "n_gen": n, "avg_ts": {tg}, "stddev_ts": 0.5, "build_commit": "fake", "build_number": 1}},
-]))
+d = int(args[args.index("-d") + 1]) if "-d" in args else 0
+with open(__file__ + ".log", "a") as f:
+    f.write(f"p={{p}} n={{n}} d={{d}}\\n")
+tests = []
+if p:
+    tests.append({{"n_prompt": p, "n_gen": 0, "n_depth": d, "avg_ts": {pp}, "stddev_ts": 1.5, "build_commit": "fake", "build_number": 1}})
+if n:
+    tests.append({{"n_prompt": 0, "n_gen": n, "n_depth": d, "avg_ts": {tg}, "stddev_ts": 0.5, "build_commit": "fake", "build_number": 1}})
+print(json.dumps(tests))
 '''
 
 
-def fake_tree(root, pp=900.0, tg=200.0):
+def fake_tree(root, pp=900.0, tg=200.0, depth=True):
     (root / "build" / "bin").mkdir(parents=True)
     (root / "conversion").mkdir()
     (root / "gguf-py").mkdir()
@@ -66,7 +74,7 @@ def fake_tree(root, pp=900.0, tg=200.0):
     (root / "conversion" / "base.py").write_text(BASE)
     for name, text in (("llama-quantize", QUANTIZE), ("llama-bench", BENCH)):
         p = root / "build" / "bin" / name
-        p.write_text(text.format(py=sys.executable, pp=pp, tg=tg))
+        p.write_text(text.format(py=sys.executable, pp=pp, tg=tg, depth=depth))
         p.chmod(p.stat().st_mode | stat.S_IEXEC)
     return root
 
@@ -99,11 +107,17 @@ def test_gguf_converted_once_and_quantised(tmp_path):
     assert json.loads((ckpt / "tokenizer.json").read_text())["model"]["merges"] == []
 
 
-def test_run_bench_reads_prefill_and_decode(tmp_path):
-    tree = llama_cpp.find(str(fake_tree(tmp_path / "llama", pp=812.5, tg=199.25)))
+@pytest.mark.parametrize("depth", [True, False], ids=["llama-bench with -d", "older llama-bench"])
+def test_run_bench_reads_prefill_and_decode(tmp_path, depth):
+    """Prefill from an empty context; decode after the prompt's tokens (-d)
+    where llama-bench has it, as HinaMoE's decode is timed."""
+    tree = llama_cpp.find(str(fake_tree(tmp_path / "llama", pp=812.5, tg=199.25, depth=depth)))
     r = llama_cpp.run_bench(tree, tmp_path / "m.gguf", 64, 16, 2, reps=1)
     assert r["prefill_tokens_per_s"] == 812.5 and r["decode_tokens_per_s"] == 199.25
-    assert r["command"][r["command"].index("-t") + 1] == "2" and r["build"] == "fake (1)"
+    assert all(c[c.index("-t") + 1] == "2" for c in r["commands"]) and r["build"] == "fake (1)"
+    calls = (tmp_path / "llama" / "build" / "bin" / "llama-bench.log").read_text().split()
+    assert calls == ["p=64", "n=0", "d=0", "p=0", "n=16", f"d={64 if depth else 0}"]
+    assert r["decode_depth"] == (64 if depth else 0)
 
 
 def test_missing_tree_says_what_is_missing(tmp_path, monkeypatch):

@@ -14,7 +14,8 @@
 // bandwidth probed at the start.
 // --variants (A/B runs of the AVX2 kernel's knobs: "lanes/prefetch keys",
 // e.g. 0,1/16,1/0,1/32/l2 = row kernel, lanes kernel prefetching 16 keys
-// ahead, lanes kernel without software prefetch, 32 keys ahead into L2) alternates the variants call by
+// ahead, lanes kernel without software prefetch, 32 keys ahead into L2;
+// "/s": the first 32 keys' lines requested up front as well) alternates the variants call by
 // call, so a busy machine slows them alike.
 // --prefill times first prompts of ctx tokens instead (GB/s is then only
 // the K+V bytes over the time, not a bandwidth figure).
@@ -85,6 +86,7 @@ int main(int argc, char** argv) {
     k.lanes = std::atoi(v.c_str()) != 0;
     if (v.find('/') != std::string::npos) k.prefetch_keys = std::atoll(v.substr(v.find('/') + 1).c_str());
     k.prefetch_l2 = v.find("/l2") != std::string::npos;
+    k.prefetch_start = v.find("/s") != std::string::npos;
     knobs.push_back(k);
     knob_names.push_back(v);
   }

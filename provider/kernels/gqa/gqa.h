@@ -195,6 +195,7 @@ struct GqaAvx2Knobs {
   bool lanes = true;           // lanes kernel for blocks of >= 4 rows (false: the row kernel)
   int64_t prefetch_keys = 32;  // lanes kernel: software prefetch distance in keys (0: none)
   bool prefetch_l2 = true;     // both kernels: prefetch into L2 (T1); false: into L1 (T0)
+  bool prefetch_start = true;  // lanes kernel: the first prefetch distance of K/V requested up front
 };
 GqaAvx2Knobs& gqa_avx2_knobs();
 

@@ -320,6 +320,18 @@ HINAMOE_AVX2_FN void chunk_lanes(const GqaChunkArgs& a, int64_t r0, int64_t grou
   const bool spread = R == 8;
   const __m256 neg_inf = _mm256_set1_ps(kNegInf), pos_inf = _mm256_set1_ps(kInf);
   if (R == 4) std::fill(sp, sp + 8 * kLaneKeys, 0.0f);  // lanes 4..7: finite, never used
+  if (pf > 0 && gqa_avx2_knobs().prefetch_start) {
+    // The first `pf` bytes of K and V, which the running prefetch (pf ahead
+    // of each block) never covers: requested at once rather than missed key
+    // by key while the stream ramps up.
+    const int64_t span = std::min(pf, (j1 - j0 - 1) * stride_bytes + row_bytes);
+    const char* k0 = static_cast<const char*>(a.k) + j0 * stride_bytes;
+    const char* v0 = static_cast<const char*>(a.v) + j0 * stride_bytes;
+    for (int64_t off = 0; off < span; off += 64) {
+      pf_line(k0 + off);
+      pf_line(v0 + off);
+    }
+  }
   for (int64_t jb = j0; jb < j1; jb += kLaneKeys) {
     const int64_t nb = std::min(kLaneKeys, j1 - jb);
     const E* kb = static_cast<const E*>(a.k) + jb * a.kv_stride;

@@ -65,9 +65,11 @@ exported from), llama.cpp runs the same weights in the same run: the
 checkpoint converted by llama.cpp's convert_hf_to_gguf.py, quantised with
 llama-quantize --pure to the type of MODEL's precision (int4 -> Q4_0, int8
 -> Q8_0, bf16 -> BF16, fp16 -> F16, fp32 -> F32; --gguf-type to choose),
-timed by llama-bench at its defaults (one repetition per round, -p PROMPT
--n NEW_TOKENS -t THREADS) between the ONNX Runtime rounds; ratios "vs
-llama.cpp" = HinaMoE tokens/s / llama.cpp tokens/s.
+timed by llama-bench at its defaults (one repetition per round, -t
+THREADS: the prompt with -p PROMPT, the decode with -n NEW_TOKENS -d PROMPT,
+i.e. after the prompt's tokens of context as HinaMoE decodes) between the
+ONNX Runtime rounds; ratios "vs llama.cpp" = HinaMoE tokens/s / llama.cpp
+tokens/s.
 
 Needs onnxruntime-genai for genai folders (and, for the builder,
 transformers 5), the export extra for hina-export folders.
@@ -326,7 +328,8 @@ def _run(args) -> int:
         med = {k: statistics.median(r[f"{k}_tokens_per_s"] for r in llama_rounds) for k in ("prefill", "decode")}
         result["llama_cpp"] = {"gguf": str(llama["gguf"]), "gguf_type": llama["type"], "rounds": llama_rounds,
                                "summary": {"prefill_tokens_per_s": med["prefill"], "decode_tokens_per_s": med["decode"]},
-                               "build": llama_rounds[-1].get("build")}
+                               "build": llama_rounds[-1].get("build"),
+                               "decode_depth": llama_rounds[-1].get("decode_depth", 0)}
         result["decode_vs_llama_cpp"] = h["decode_tokens_per_s"] / med["decode"]
         result["prefill_vs_llama_cpp"] = h["prefill_tokens_per_s"] / med["prefill"]
     _print(result)
@@ -359,6 +362,9 @@ def _print(result: dict) -> None:
         s = lc["summary"]
         print(f"{'llama.cpp':8} {s['prefill_tokens_per_s']:14.1f} {s['decode_tokens_per_s']:13.2f} "
               f"{'(' + lc['gguf_type'] + ', llama-bench)':>24}")
+        if lc.get("decode_depth", 0) != result["meta"]["prompt"]:
+            print(f"  note: this llama-bench has no -d: its decode starts from an empty context, "
+                  f"HinaMoE's after {result['meta']['prompt']} tokens")
     print(f"decode speed-up {result['decode_speedup']:.2f}x, prefill {result['prefill_speedup']:.2f}x, "
           f"same tokens: {result['same_tokens']}")
     if lc:

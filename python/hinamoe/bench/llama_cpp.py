@@ -141,22 +141,34 @@ def gguf(lc: LlamaCpp, checkpoint: str | Path, gguf_type: str, workdir: str | Pa
     return out
 
 
+def _has_depth(lc: LlamaCpp) -> bool:
+    """Whether this llama-bench takes -d (--n-depth, mid-2025 on)."""
+    r = subprocess.run([str(lc.bench), "--help"], capture_output=True, text=True)
+    return "--n-depth" in r.stdout + r.stderr
+
+
 def run_bench(lc: LlamaCpp, model: Path, prompt: int, new_tokens: int, threads: int, reps: int = 3,
               extra: list[str] | None = None) -> dict:
     """llama-bench's prefill (pp) and decode (tg) tokens/s: mean and stddev
-    over `reps` repetitions, as llama-bench reports them."""
-    cmd = [str(lc.bench), "-m", str(model), "-p", str(prompt), "-n", str(new_tokens), "-t", str(threads),
-           "-r", str(reps), "-o", "json", *(extra or [])]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"llama-bench failed ({' '.join(cmd)}):\n{r.stderr[-3000:]}")
-    out = {"command": cmd}
-    for test in json.loads(r.stdout):
-        key = "prefill" if test.get("n_prompt", 0) > 0 else "decode"
-        out[f"{key}_tokens_per_s"] = test["avg_ts"]
-        out[f"{key}_tokens_per_s_stddev"] = test["stddev_ts"]
-        out["build"] = f"{test.get('build_commit', '?')} ({test.get('build_number', '?')})"
-        out["cpu_info"] = test.get("cpu_info")
+    over `reps` repetitions, as llama-bench reports them. Two runs: the
+    prompt from an empty context, then the new tokens after `prompt` tokens
+    of context (-d), as HinaMoE decodes them; a llama-bench without -d
+    decodes from an empty context (`decode_depth` 0 then)."""
+    base = [str(lc.bench), "-m", str(model), "-t", str(threads), "-r", str(reps), "-o", "json", *(extra or [])]
+    depth = prompt if _has_depth(lc) else 0
+    runs = [base + ["-p", str(prompt), "-n", "0"],
+            base + ["-p", "0", "-n", str(new_tokens)] + (["-d", str(depth)] if depth else [])]
+    out: dict = {"commands": runs, "decode_depth": depth}
+    for cmd in runs:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"llama-bench failed ({' '.join(cmd)}):\n{r.stderr[-3000:]}")
+        for test in json.loads(r.stdout):
+            key = "prefill" if test.get("n_prompt", 0) > 0 else "decode"
+            out[f"{key}_tokens_per_s"] = test["avg_ts"]
+            out[f"{key}_tokens_per_s_stddev"] = test["stddev_ts"]
+            out["build"] = f"{test.get('build_commit', '?')} ({test.get('build_number', '?')})"
+            out["cpu_info"] = test.get("cpu_info")
     return out
 
 
