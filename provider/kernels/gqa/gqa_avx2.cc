@@ -191,7 +191,6 @@ HINAMOE_AVX2_INLINE void pv_block(const float* p, int64_t ld, const typename Ele
 // at 1/3 of the FMA rate on Zen 3: its broadcasts from memory bound it.)
 constexpr int64_t kLaneKeys = 16;  // keys per block: scores, softmax, P*V (12..24 measured alike)
 
-
 // A run of bytes to prefetch in address order, one line per next(): the
 // L2 stream prefetcher follows an ascending run of requests and goes on
 // ahead of it, where lines requested key by key (a 512-byte stride, then

@@ -592,9 +592,6 @@ HINAMOE_AVX512_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTok
   const int64_t pf = prefetch_ahead(rb, R);
   const uint8_t* row[R];
   for (int r = 0; r < R; ++r) row[r] = w.codes + (n + r) * rb;
-#if HINAMOE_QPF_LINEAR
-  const char* lin = reinterpret_cast<const char*>(row[0]) + pf;
-#endif
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   __m512 tot[R][T];
@@ -606,12 +603,7 @@ HINAMOE_AVX512_VNNI_FN void micro_i8_q32(const QWeight& w, int64_t n, const QTok
     __m512i lo[R], hi[R];
     __m512 sw[R];
     for (int r = 0; r < R; ++r) {
-#if HINAMOE_QPF_LINEAR
-      _mm_prefetch(lin, HINAMOE_QPF_HINT);
-      lin += 64;
-#else
       _mm_prefetch(reinterpret_cast<const char*>(row[r] + k / 2 + pf), HINAMOE_QPF_HINT);
-#endif
       if ((b & 15) == 0) prefetch_scales<SDT>(w, n + r + HINAMOE_QPF_TILES * R, b);
       const __m512i v = _mm512_loadu_si512(row[r] + k / 2);
       lo[r] = _mm512_and_si512(v, low4);
