@@ -3,7 +3,15 @@
 // writes the same bytes: weight rows dequantised into tile-major panels
 // ((float(q) - float(zp)) * scale in float32, rounded to bf16, RNE), and
 // token rows into VNNI blocks.
+//
+// GCC 12 warns about the self-initialised _mm512_undefined_*() inside some
+// AVX-512 intrinsics once inlined (a false positive in the header; see
+// gemm_rows_avx512.cc).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 
 #include <algorithm>
 #include <cstring>

@@ -402,18 +402,9 @@ HINAMOE_AVX2_FN void qgemm_t(const QWeight& w, int64_t n0, int64_t n1, const flo
 template <int BITS>
 void qgemm_avx2(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
                 int64_t ldy) {
-  const bool zp = w.zero_points != nullptr;
-  switch (w.scale_dtype) {
-    case DType::F32:
-      return zp ? qgemm_t<BITS, DType::F32, true>(w, n0, n1, X, ldx, M, Y, ldy)
-                : qgemm_t<BITS, DType::F32, false>(w, n0, n1, X, ldx, M, Y, ldy);
-    case DType::F16:
-      return zp ? qgemm_t<BITS, DType::F16, true>(w, n0, n1, X, ldx, M, Y, ldy)
-                : qgemm_t<BITS, DType::F16, false>(w, n0, n1, X, ldx, M, Y, ldy);
-    default:
-      return zp ? qgemm_t<BITS, DType::BF16, true>(w, n0, n1, X, ldx, M, Y, ldy)
-                : qgemm_t<BITS, DType::BF16, false>(w, n0, n1, X, ldx, M, Y, ldy);
-  }
+  with_weight_kind<BITS>(w, [&](auto, auto sdt, auto zp) {
+    qgemm_t<BITS, decltype(sdt)::value, decltype(zp)::value>(w, n0, n1, X, ldx, M, Y, ldy);
+  });
 }
 
 // The int8-token dot on vpmaddubsw + vpmaddwd (qgemm_i8_avx2.inc).

@@ -47,25 +47,6 @@ void i8_tiles(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int64_
 // The same, transposed tokens (qgemm_avx512_i8_transposed.cc).
 void i8_transposed(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int64_t M, float* Y, int64_t ldy);
 
-// f(bits, scale type, zero points) with the weight's as compile-time
-// constants (std::integral_constant): one switch for every kernel family.
-template <class F>
-inline void with_weight_kind(const QWeight& w, F&& f) {
-  auto zp = [&](auto bits, auto sdt) {
-    if (w.zero_points != nullptr) f(bits, sdt, std::true_type());
-    else f(bits, sdt, std::false_type());
-  };
-  auto sdt = [&](auto bits) {
-    switch (w.scale_dtype) {
-      case DType::F32: return zp(bits, std::integral_constant<DType, DType::F32>());
-      case DType::F16: return zp(bits, std::integral_constant<DType, DType::F16>());
-      default: return zp(bits, std::integral_constant<DType, DType::BF16>());
-    }
-  };
-  if (w.bits == 8) sdt(std::integral_constant<int, 8>());
-  else sdt(std::integral_constant<int, 4>());
-}
-
 // ------------------------------------------------ scales and lane sums
 
 HINAMOE_AVX512_INLINE const void* scale_ptr(const QWeight& w, int64_t n, int64_t b, int esize) {

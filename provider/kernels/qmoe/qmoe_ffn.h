@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "../moe_ffn.h"
 #include "../parallel.h"
@@ -94,6 +95,27 @@ struct QWeight {
     return s;
   }
 };
+
+// f(bits, scale type, zero points) with a weight's as compile-time constants
+// (std::integral_constant): the one switch from a weight's kind to a kernel
+// instantiation, for every tier. With BITS given, the weight has that many.
+template <int BITS, class F>
+inline void with_weight_kind(const QWeight& w, F&& f) {
+  auto zp = [&](auto sdt) {
+    if (w.zero_points != nullptr) f(std::integral_constant<int, BITS>(), sdt, std::true_type());
+    else f(std::integral_constant<int, BITS>(), sdt, std::false_type());
+  };
+  switch (w.scale_dtype) {
+    case DType::F32: return zp(std::integral_constant<DType, DType::F32>());
+    case DType::F16: return zp(std::integral_constant<DType, DType::F16>());
+    default: return zp(std::integral_constant<DType, DType::BF16>());
+  }
+}
+template <class F>
+inline void with_weight_kind(const QWeight& w, F&& f) {
+  if (w.bits == 8) with_weight_kind<8>(w, f);
+  else with_weight_kind<4>(w, f);
+}
 
 // Where the elements of a token row sit, as a kernel reads them.
 //  KOrder:    k.
