@@ -133,13 +133,13 @@ def _quantise_weight(weight: np.ndarray, bits: int, block_size: int, scale_np):
     step = max(1, CHUNK_ELEMENTS // max(1, n * k))
     for first in range(0, e, step):
         p, s = qmoe_quant.quantize(weight[first:first + step], bits, block_size, scale_np)
-        if np.dtype(scale_np) == np.float16 and not fits_float16(s):
+        if np.dtype(scale_np) == np.float16 and not _fits_float16(s):
             return None
         packed[first:first + step], scales[first:first + step] = p, s
     return packed, scales
 
 
-def fits_float16(scales: np.ndarray) -> bool:
+def _fits_float16(scales: np.ndarray) -> bool:
     """Every scale finite and in float16's normal range."""
     a = np.abs(scales.astype(np.float32))
     return bool(np.all(np.isfinite(a)) and a.min(initial=1.0) >= F16_NORMAL_MIN)
@@ -171,7 +171,7 @@ def _to_qmoe(graph: ir.Graph, node: ir.Node, bits: int, block_size: int) -> dict
     token_np = ir.DataType(token_type).numpy()
     scale_np = np.float16 if np.dtype(token_np) == np.float32 else token_np
     weights = [_quantise_weight(v.const_value.numpy(), bits, block_size, scale_np) for v in (fc1, fc2)]
-    if None in weights:
+    if any(w is None for w in weights):  # a scale outside float16's normal range
         scale_np = token_np
         weights = [_quantise_weight(v.const_value.numpy(), bits, block_size, scale_np) for v in (fc1, fc2)]
     quantised = [(_initializer(graph, f"{prefix}{name}_experts_weights", packed),
