@@ -37,8 +37,9 @@ OrtStatus* create_kernel_registry(const char* ep_name, OrtKernelRegistry** out) 
                                .Build();
   Ort::ThrowOnError(registry.AddKernel(moe_def, create_moe_kernel, nullptr));
 
-  // com.microsoft::QMoE, T in {float, float16, bfloat16} (scales and biases
-  // share T; weights and zero points are uint8, checked at compute).
+  // com.microsoft::QMoE, T in {float, float16, bfloat16} (biases share T; the
+  // scales are T2, float/float16/bfloat16, and weights and zero points uint8:
+  // checked by GetCapability and at compute).
   Ort::KernelDef qmoe_def = Ort::KernelDefBuilder()
                                 .SetOperatorType("QMoE")
                                 .SetDomain("com.microsoft")

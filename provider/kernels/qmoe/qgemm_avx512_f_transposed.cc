@@ -164,7 +164,6 @@ void qgemm_f_tt(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_
   }
 }
 
-
 }  // namespace
 
 void f_transposed(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,

@@ -205,7 +205,6 @@ void qgemm_i8_t(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int6
   }
 }
 
-
 }  // namespace
 
 void i8_tiles(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int64_t M, float* Y, int64_t ldy) {

@@ -188,7 +188,6 @@ void qgemm_i8_tt(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int
   }
 }
 
-
 }  // namespace
 
 void i8_transposed(const QWeight& w, int64_t n0, int64_t n1, const QTokens& X, int64_t M, float* Y, int64_t ldy) {

@@ -18,6 +18,7 @@ llama.cpp's BPE loader wants at least one.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -141,9 +142,11 @@ def gguf(lc: LlamaCpp, checkpoint: str | Path, gguf_type: str, workdir: str | Pa
     return out
 
 
-def _has_depth(lc: LlamaCpp) -> bool:
-    """Whether this llama-bench takes -d (--n-depth, mid-2025 on)."""
-    r = subprocess.run([str(lc.bench), "--help"], capture_output=True, text=True)
+@functools.lru_cache(maxsize=None)
+def _has_depth(bench: Path) -> bool:
+    """Whether this llama-bench takes -d (--n-depth, mid-2025 on); asked
+    once per binary, not every round."""
+    r = subprocess.run([str(bench), "--help"], capture_output=True, text=True)
     return "--n-depth" in r.stdout + r.stderr
 
 
@@ -155,7 +158,7 @@ def run_bench(lc: LlamaCpp, model: Path, prompt: int, new_tokens: int, threads: 
     of context (-d), as HinaMoE decodes them; a llama-bench without -d
     decodes from an empty context (`decode_depth` 0 then)."""
     base = [str(lc.bench), "-m", str(model), "-t", str(threads), "-r", str(reps), "-o", "json", *(extra or [])]
-    depth = prompt if _has_depth(lc) else 0
+    depth = prompt if _has_depth(lc.bench) else 0
     runs = [base + ["-p", str(prompt), "-n", "0"],
             base + ["-p", "0", "-n", str(new_tokens)] + (["-d", str(depth)] if depth else [])]
     out: dict = {"commands": runs, "decode_depth": depth}
