@@ -7,6 +7,7 @@ itself is for the benchmark. The genai client's run is in test_genai.py
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -71,13 +72,24 @@ def test_optimum_client(arch, tiny_export, tmp_path, seed):
     pytest.importorskip("matplotlib")
     exp = tiny_export.fused(arch)
     plot = tmp_path / "decode.png"
-    res = run_decode(tmp_path, exp.model.parent, "--plot", str(plot), seed=seed)
+    res = run_decode(tmp_path, exp.model.parent, "--client", "optimum", "--plot", str(plot), seed=seed)
     assert res["meta"]["client"] == "optimum" and res["meta"]["cpu_model"] == res["meta"]["model"]
     check_result(res, rounds=2, layers=exp.torch_model().config.num_hidden_layers)
     assert res["same_tokens"] is True
     want = torch_greedy(exp, res["prompt_ids"], NEW)
     assert res["tokens"]["HinaMoE"] == res["tokens"]["CPU"] == want
     assert plot.stat().st_size > 0
+
+
+def test_genai_client_on_an_export_folder(tiny_export, tmp_path, seed):
+    """A hina-export folder picks genai's loop by itself (its genai_config.json)."""
+    pytest.importorskip("onnxruntime_genai")
+    exp = tiny_export.fused("qwen3_moe")
+    res = run_decode(tmp_path, exp.model.parent, seed=seed)
+    assert res["meta"]["client"] == "genai"
+    check_result(res, rounds=2, layers=exp.torch_model().config.num_hidden_layers)
+    want = torch_greedy(exp, res["prompt_ids"], NEW)
+    assert res["tokens"]["HinaMoE"] == res["tokens"]["CPU"] == want
 
 
 def test_serve_client(tiny_export, tmp_path, seed):
@@ -128,6 +140,11 @@ def test_detect_client(tmp_path):
     (hina / "config.json").write_text("{}")
     (neither / "model.onnx").write_bytes(b"")
     assert detect_client(genai) == "genai" and detect_client(hina) == "optimum"
+    # hina-export's fused folders are genai folders too: genai's loop where it is installed.
+    (hina / "genai_config.json").write_text("{}")
+    (hina / "fusion_report.json").write_text("{}")
+    has_genai = importlib.util.find_spec("onnxruntime_genai") is not None
+    assert detect_client(hina) == ("genai" if has_genai else "optimum")
     with pytest.raises(ValueError, match="neither an onnxruntime-genai folder"):
         detect_client(neither)
     with pytest.raises(ValueError, match="not a folder"):
@@ -136,10 +153,15 @@ def test_detect_client(tmp_path):
 
 def test_bad_folders_and_options(tmp_path, tiny_export, capsys):
     hina = tiny_export.fused("qwen3_moe").model.parent
+    plain = tmp_path / "plain"  # model.onnx + config.json only (optimum's export)
+    plain.mkdir()
+    for name in ("model.onnx", "config.json"):
+        (plain / name).write_bytes((hina / name).read_bytes())
     cases = [
         (["decode", str(tmp_path)], "neither an onnxruntime-genai folder"),
-        (["decode", str(hina), "--client", "genai"], "has no genai_config.json"),
-        (["decode", str(hina), "--cpu-model", str(tmp_path)], "has no model.onnx, config.json"),
+        (["decode", str(plain), "--client", "genai"], "has no genai_config.json"),
+        (["decode", str(hina), "--cpu-model", str(tmp_path)], "has no genai_config.json"),
+        (["decode", str(hina), "--client", "optimum", "--cpu-model", str(tmp_path)], "has no model.onnx, config.json"),
         (["decode", str(hina), "--new-tokens", "1"], "--new-tokens >= 2"),
         (["decode", str(hina), "--isa", "nope"], "--isa nope"),
     ]
@@ -152,7 +174,6 @@ def test_bad_folders_and_options(tmp_path, tiny_export, capsys):
 def test_plot_without_matplotlib_fails_before_generating(tmp_path, tiny_export, capsys, monkeypatch):
     """--plot on a Python without matplotlib is refused up front (exit 2, a
     message naming the fix), not after the rounds have run."""
-    import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))

@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import __version__
 from . import llama_cpp
+from ..serve.model_folder import is_export_folder
 from .common import OtherLoad, cpu_name, hinamoe_tier
 
 NAME = "decode"
@@ -32,8 +33,10 @@ Runtime's CPU EP, the two alternating round by round in one run so both see
 the same machine state. Two clients, picked from the folder (or --client):
 
   genai    a folder with genai_config.json (onnxruntime-genai's model
-           builder): genai's generate loop (hinamoe.genai)
-  optimum  model.onnx + config.json (hina-export's output):
+           builder, and hina-export's fused output): genai's generate loop
+           (hinamoe.genai)
+  optimum  model.onnx + config.json (hina-export's output, where
+           onnxruntime-genai is not installed):
            hinamoe.export.load_causal_lm(...).generate()
 
 --client serve times any folder hina-serve reads (hina-export, tiny_lm, genai
@@ -126,14 +129,16 @@ def _progress(iterable, total: int, desc: str):
 
 
 def detect_client(path: str | Path) -> str:
-    """The client a model folder needs: genai (genai_config.json) or optimum
-    (model.onnx + config.json, hina-export's output)."""
+    """The client a model folder needs: genai (genai_config.json: the
+    builder's folders, and hina-export's where onnxruntime-genai is
+    installed) or optimum (model.onnx + config.json, hina-export's output)."""
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"{path} is not a folder")
     if (path / "genai_config.json").is_file():
-        return "genai"
-    if (path / "model.onnx").is_file() and (path / "config.json").is_file():
+        if not is_export_folder(path) or importlib.util.find_spec("onnxruntime_genai") is not None:
+            return "genai"
+    if is_export_folder(path):
         return "optimum"
     raise ValueError(f"{path}: neither an onnxruntime-genai folder (genai_config.json) nor a hina-export "
                      "folder (model.onnx + config.json)")

@@ -3,7 +3,9 @@
 The stages, each with its own function so tests and other tools can call them:
 ``export_unfused`` (optimum's main_export with our configs registered),
 ``fuse`` (hinamoe.graph_passes.run_passes), ``save_model`` (external data for
-large weights) and ``copy_configs``. ``export`` runs them all.
+large weights), ``copy_configs`` and, for a fused graph,
+``write_genai_config`` (the folder is then an onnxruntime-genai folder too).
+``export`` runs them all.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from .checkpoint import ExportError, check_checkpoint
+from .genai_config import write_genai_config
 
 TASK = "text-generation-with-past"
 MODEL_FILE = "model.onnx"
@@ -201,6 +204,8 @@ def export(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "fp32", f
             model_path = unfused
         bar.set_postfix_str("configs")
         copy_configs([ckpt.path, unfused.parent], out)
+        if fuse_graph:
+            write_genai_config(out)
         bar.update()
     bar.close()
     logging.getLogger(__name__).info("wrote %s", model_path)

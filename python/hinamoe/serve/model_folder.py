@@ -8,7 +8,9 @@ Three kinds of folder are read:
   folder genai runs): GroupQueryAttention fed from the attention mask, so
   the ``"front"`` KV layout.
 * hina-export / optimum (``model.onnx`` + ``config.json``): keys appended by
-  concatenation and rotary from ``position_ids``, the ``"back"`` layout.
+  concatenation and rotary from ``position_ids``, the ``"back"`` layout. A
+  fused hina-export folder also has a genai_config.json (so genai runs it);
+  its fusion_report.json says it is read as hina-export's.
 * ``hinamoe.models.tiny_lm`` (``tiny_lm.json``): genai's graph form.
 """
 
@@ -96,6 +98,17 @@ def _graph_facts(model_file: Path, slack: int = 0) -> tuple[dict[str, int], int,
     return rings, int(dims[-1].dim_value) if dims else 0, marked
 
 
+def is_export_folder(path: str | Path) -> bool:
+    """A hina-export (or optimum) folder, whether or not it also has a
+    genai_config.json: model.onnx and config.json, and where genai_config.json
+    exists hina-export's fusion_report.json beside it (genai's builder writes
+    no config.json; a converted builder folder gets a report but no config)."""
+    path = Path(path)
+    if not ((path / "model.onnx").is_file() and (path / "config.json").is_file()):
+        return False
+    return not (path / "genai_config.json").is_file() or (path / "fusion_report.json").is_file()
+
+
 def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
     """Reads ``path`` (see the module doc). ``context_length``: the longest
     sequence to serve (0: the model's own, at most ``DEFAULT_CONTEXT``)."""
@@ -104,7 +117,7 @@ def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
         raise ModelFolderError(f"{path} is not a folder")
     eos: set[int] = set()
     slack = 0
-    if (path / "genai_config.json").is_file():
+    if (path / "genai_config.json").is_file() and not is_export_folder(path):
         genai = _json(path / "genai_config.json")
         cfg = genai.get("model", {})
         kind, layout = "genai", "front"
@@ -124,7 +137,7 @@ def read_model_folder(path: str | Path, context_length: int = 0) -> ModelFolder:
         own = int(_json(path / "tiny_lm.json").get("max_length", 0))
         kv_shape = None  # its graph names them
         share = False
-    elif (path / "model.onnx").is_file() and (path / "config.json").is_file():
+    elif is_export_folder(path):
         kind, layout = "export", "back"
         model_file = path / "model.onnx"
         cfg = _json(path / "config.json")

@@ -1,0 +1,115 @@
+"""hina-export folders are onnxruntime-genai folders: genai_config.json is
+written beside the fused graph, and genai's own generate loop on HinaMoE
+(``hinamoe.genai.model``, strict) gives PyTorch's greedy tokens, every
+MoE / QMoE / GroupQueryAttention / MatMulNBits node placed on HinaMoE.
+
+Needs onnxruntime-genai (the runtime only; the ``test`` extra has it)."""
+
+from __future__ import annotations
+
+import glob
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from export_fixtures import ARCHS
+
+og = pytest.importorskip("onnxruntime_genai")
+
+import hinamoe.genai  # noqa: E402
+from hinamoe.serve.model_folder import read_model_folder  # noqa: E402
+
+NEW_TOKENS = 10
+ATOL = RTOL = 2e-4  # fp32 both sides; summation order only
+HINAMOE_OPS = ("MoE", "QMoE", "GroupQueryAttention", "MatMulNBits")
+
+
+def greedy(model, prompt: np.ndarray, new_tokens: int):
+    params = og.GeneratorParams(model)
+    total = prompt.size + new_tokens
+    params.set_search_options(max_length=total, min_length=total, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(prompt[None, :].astype(np.int32))
+    tokens, logits = [], []
+    while not gen.is_done():
+        gen.generate_next_token()
+        logits.append(np.array(gen.get_output("logits"), dtype=np.float64)[0, -1].copy())
+        tokens.append(int(gen.get_next_tokens()[0]))
+    del gen
+    return tokens, logits
+
+
+def cpu_model(folder):
+    cfg = og.Config(str(folder))
+    cfg.clear_providers()
+    return og.Model(cfg)
+
+
+def test_genai_config_describes_the_export(tiny_export):
+    folder = tiny_export.fused("qwen3_moe").model.parent
+    cfg = json.loads((folder / "config.json").read_text())
+    genai = json.loads((folder / "genai_config.json").read_text())
+    dec = genai["model"]["decoder"]
+    assert genai["model"]["type"] == "qwen3"
+    assert dec["num_hidden_layers"] == cfg["num_hidden_layers"]
+    assert (dec["num_attention_heads"], dec["num_key_value_heads"], dec["head_size"]) == (
+        cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"])
+    assert genai["model"]["context_length"] == cfg["max_position_embeddings"]
+    assert genai["model"]["vocab_size"] == cfg["vocab_size"]
+    # Every layer's attention is one GroupQueryAttention node: genai may bind
+    # each cache as past and present at once.
+    assert genai["search"]["past_present_share_buffer"] is True
+    # hina-serve still reads it as hina-export's folder (its KV layout).
+    assert read_model_folder(folder).kind == "export"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_genai_greedy_on_hinamoe_matches_pytorch(arch, tiny_export, rng, tmp_path):
+    exp = tiny_export.fused(arch)
+    pt = exp.torch_model()
+    prompt = rng.integers(3, pt.config.vocab_size, size=int(rng.integers(5, 12)))
+    want = pt.generate(torch.from_numpy(prompt[None, :]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                       do_sample=False)[0, prompt.size:].tolist()
+
+    prefix = str(tmp_path / "hina")
+    model = hinamoe.genai.model(exp.model.parent, profile_prefix=prefix)
+    got, got_logits = greedy(model, prompt, NEW_TOKENS)
+    del model  # writes the profile
+    assert got == want, f"{arch}: genai on HinaMoE {got} vs PyTorch {want}"
+
+    _, cpu_logits = greedy(cpu_model(exp.model.parent), prompt, NEW_TOKENS)
+    for step, (g, w) in enumerate(zip(got_logits, cpu_logits)):
+        err = np.abs(g - w)
+        assert np.all(err <= ATOL + RTOL * np.abs(w)), f"{arch} step {step}: max error {err.max():.3g}"
+
+    [profile] = glob.glob(prefix + "*.json")
+    ran = hinamoe.genai.profile_providers(profile)
+    graph = onnx.load(str(exp.model), load_external_data=False).graph
+    ours = {n.name: n.op_type for n in graph.node if n.op_type in HINAMOE_OPS}
+    assert "GroupQueryAttention" in ours.values() and {"MoE", "QMoE"} & set(ours.values())
+    for name, op in ours.items():
+        assert ran.get(name, (None, None))[1] == "HinaMoE", f"{arch}: {op} {name} ran on {ran.get(name)}"
+
+
+def test_genai_greedy_int4_export_matches_cpu_ep(tiny_export, rng, monkeypatch):
+    """int4 (QMoE with float16 scales, MatMulNBits): genai on HinaMoE against
+    genai on the CPU EP, the CPU EP kept on float arithmetic; logits at the
+    scale quantised arithmetic differs by (see test_genai.py)."""
+    monkeypatch.setenv("ORT_QMOE_CPU_QNBIT_GEMM", "fp32")
+    folder = tiny_export.fused("qwen3_moe", "int4").model.parent
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    prompt = rng.integers(3, vocab, size=9)
+    got, got_logits = greedy(hinamoe.genai.model(folder), prompt, NEW_TOKENS)
+    want, want_logits = greedy(cpu_model(folder), prompt, NEW_TOKENS)
+    assert len(got) == NEW_TOKENS
+    atol = 2e-2 * max(float(np.abs(w).max()) for w in want_logits)
+    first = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), NEW_TOKENS)
+    # Logits are compared up to the first differing token (a near tie can
+    # flip it; after that the sequences differ).
+    for step in range(min(first + 1, NEW_TOKENS)):
+        err = np.abs(got_logits[step] - want_logits[step])
+        assert np.all(err <= atol), f"step {step}: max error {err.max():.3g} (atol {atol:.3g})"
+    assert first >= NEW_TOKENS // 2, f"HinaMoE {got} vs CPU EP {want}"
