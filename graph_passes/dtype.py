@@ -1,12 +1,21 @@
-"""dtype pass: store the MoE expert weights in float16 or bfloat16.
+"""dtype pass: store the weights of every linear in float16 or bfloat16.
 
 Option ``dtype``: "fp16"/"float16", "bf16"/"bfloat16"; "fp32"/"float32",
-"int4"/"int8" (the quantize pass's) or None leave the model alone. Every
-com.microsoft::MoE node gets its fc1/fc2/fc3 weights and biases converted
-(round to nearest even). The op wants one type T for all its inputs and its
-output, so the tokens and router logits are cast to T before the node and
-the output back to the model's type after it. Every other weight stays as
-exported. Run it after the fusions.
+"int4"/"int8" (the quantize pass's) or None leave the model alone.
+
+* Every com.microsoft::MoE node gets its fc1/fc2/fc3 weights and biases
+  converted (round to nearest even). The op wants one type T for all its
+  inputs and its output, so the tokens and router logits are cast to T
+  before the node and the output back to the model's type after it.
+* Every MatMul whose weight is a constant float32 matrix (attention
+  projections, LM head, shared experts) gets its weight converted, A cast
+  to T before it and Y back after it (HinaMoE runs MatMul at T; ORT's CPU
+  EP has no bfloat16 MatMul). A router MatMul keeps float32, as the
+  quantize pass leaves it: rounding it would move tokens to other experts.
+  One Cast serves every converted node that reads the same value.
+
+Norms, residual adds and the KV cache stay in the model's type. Run it
+after the fusions (and MatMul packing).
 """
 
 from __future__ import annotations
@@ -81,18 +90,22 @@ def _cast(value: ir.Value, to: ir.DataType, name: str) -> ir.Node:
     return node
 
 
-def _retype_io(graph: ir.Graph, node: ir.Node, model_dtype: ir.DataType,
-               target: ir.DataType) -> int:
-    """Casts tokens and logits to `target` before the node and its output
-    back to `model_dtype` after it. Returns the number of Casts added."""
+def _retype_io(graph: ir.Graph, node: ir.Node, model_dtype: ir.DataType, target: ir.DataType,
+               inputs: tuple[int, ...], casts: dict) -> int:
+    """Casts `inputs` of the node to `target` before it (one Cast per value:
+    `casts` maps a value to its Cast's output) and its output back to
+    `model_dtype` after it. Returns the number of Casts added."""
     added = 0
-    for index in (0, 1):
+    for index in inputs:
         value = node.inputs[index]
-        if (value.dtype or model_dtype) != target:
+        if (value.dtype or model_dtype) == target:
+            continue
+        if value not in casts:
             cast = _cast(value, target, f"{node.name}/Cast_in{index}")
             graph.insert_before(node, cast)
-            node.replace_input_with(index, cast.outputs[0])
+            casts[value] = cast.outputs[0]
             added += 1
+        node.replace_input_with(index, casts[value])
     if model_dtype != target:
         out = node.outputs[0]
         back = _cast(out, model_dtype, f"{node.name}/Cast_out")
@@ -112,13 +125,34 @@ def _retype_io(graph: ir.Graph, node: ir.Node, model_dtype: ir.DataType,
     return added
 
 
+def _dense_matmuls(graph: ir.Graph) -> list[ir.Node]:
+    """MatMuls whose weight is a constant float32 matrix, routers excepted."""
+    from .quantize import router_of
+
+    routers = {r for n in graph if n.op_type in ("MoE", "QMoE") and n.domain == MS_DOMAIN
+               if (r := router_of(n)) is not None}
+    out = []
+    for node in graph:
+        if node.op_type != "MatMul" or node.domain != "" or node in routers:
+            continue
+        w = node.inputs[1]
+        if w is None or w.const_value is None or w.is_graph_input():
+            continue
+        if w.const_value.dtype == ir.DataType.FLOAT and len(w.const_value.shape) == 2:
+            out.append(node)
+    return out
+
+
 def apply(model: ir.Model, *, dtype: str | None = None, **_options) -> PassReport:
-    """Stores the expert weights of every MoE node in `dtype` (in place)."""
+    """Stores the weights of every MoE node and of every dense MatMul in
+    `dtype` (in place)."""
     report = PassReport(NAME)
     target = target_dtype(dtype)
     if target is None:
         return report
     graph = model.graph
+    casts: dict[ir.Value, ir.Value] = {}
+    dense = _dense_matmuls(graph)
     for node in [n for n in graph if n.op_type == "MoE" and n.domain == MS_DOMAIN]:
         layer = node.name[: -len("/MoE")] if node.name.endswith("/MoE") else node.name
         why = _why_not(node)
@@ -133,8 +167,14 @@ def apply(model: ir.Model, *, dtype: str | None = None, **_options) -> PassRepor
             if index < len(node.inputs) and node.inputs[index] is not None:
                 b, a = _convert(graph, node, index, target)
                 before, after = before + b, after + a
-        casts = _retype_io(graph, node, model_dtype, target)
-        report.fused.append({"layer": layer, "dtype": target.name.lower(),
+        added = _retype_io(graph, node, model_dtype, target, (0, 1), casts)
+        report.fused.append({"layer": layer, "op": "MoE", "dtype": target.name.lower(),
                              "weight_bytes_before": before, "weight_bytes_after": after,
-                             "nodes_added": casts})
+                             "nodes_added": added})
+    for node in dense:
+        before, after = _convert(graph, node, 1, target)
+        added = _retype_io(graph, node, ir.DataType.FLOAT, target, (0,), casts)
+        report.fused.append({"layer": node.name, "op": "MatMul", "dtype": target.name.lower(),
+                             "weight_bytes_before": before, "weight_bytes_after": after,
+                             "nodes_added": added})
     return report

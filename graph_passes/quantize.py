@@ -219,7 +219,7 @@ def _drop_if_unused(graph: ir.Graph, *values: ir.Value) -> None:
             del graph.initializers[value.name]
 
 
-def _router(node: ir.Node) -> ir.Node | None:
+def router_of(node: ir.Node) -> ir.Node | None:
     """The MatMul/Gemm that computes a (Q)MoE node's router logits."""
     value = node.inputs[1]
     while value is not None and value.producer() is not None:
@@ -260,7 +260,7 @@ def apply(model: ir.Model, *, dtype: str | None = None, block_size: int | None =
         check_expert_dims(block_size, hidden, inter, _layer(node))  # before anything changes
         moes.append(node)
     routers = {r for n in _moe_nodes(graph, "MoE") + _moe_nodes(graph, "QMoE")
-               if (r := _router(n)) is not None}
+               if (r := router_of(n)) is not None}
     matmuls = [n for n in graph if n.op_type == "MatMul" and n.domain == "" and n not in routers]
     todo = [("qmoe", n) for n in moes] + [("matmul", n) for n in matmuls]
     bar = None

@@ -64,3 +64,4 @@ from .qmoe_layer import (  # noqa: F401,E402
     qmoe_feeds,
 )
 from .matmul_nbits_layer import MatMulNBitsConfig, build_matmul_nbits_model, pack_codes  # noqa: F401,E402
+from .matmul_layer import build_matmul_model  # noqa: F401,E402

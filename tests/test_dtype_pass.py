@@ -1,7 +1,7 @@
-"""dtype pass: MoE expert weights stored in fp16/bf16 with Casts around the
-node, everything else untouched; the result runs (bf16 on HinaMoE, proved by
-the profile; fp16 on both EPs) within the dtype's tolerance of a float64
-reference."""
+"""dtype pass: MoE expert weights and dense MatMul weights stored in
+fp16/bf16 with Casts around the nodes, the router and everything else
+untouched; the result runs (bf16 on HinaMoE, proved by the profile; fp16 on
+both EPs) within the dtype's tolerance of a float64 reference."""
 
 from __future__ import annotations
 
@@ -40,25 +40,39 @@ def _close(got, want, rel):
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_expert_weights_converted_rest_untouched(dtype, rng):
+def test_weights_converted_rest_untouched(dtype, rng):
+    """The experts and the shared expert's MatMuls at the dtype, the router
+    and everything else as it was; Casts in and out of each converted node,
+    one per value."""
     _, _, fused = _fused_block(rng)
     before = {name: v.const_value.numpy().copy() for name, v in fused.graph.initializers.items()}
+    routers = {n.inputs[1].name for n in fused.graph if n.op_type == "MatMul"
+               if any(u.node.op_type == "MoE" for u in n.outputs[0].uses())}
     report = dtype_pass.apply(fused, dtype=dtype)
-    [site] = report.fused
-    assert site["weight_bytes_after"] * 2 == site["weight_bytes_before"]
+    by_op = {}
+    for site in report.fused:
+        assert site["weight_bytes_after"] * 2 == site["weight_bytes_before"], site
+        by_op.setdefault(site["op"], []).append(site)
     [moe] = [n for n in fused.graph if n.op_type == "MoE"]
-    expert_inputs = {moe.inputs[2].name, moe.inputs[4].name}
+    dense = [n for n in fused.graph if n.op_type == "MatMul" and n.inputs[1].name not in routers]
+    assert len(by_op["MoE"]) == 1 and len(by_op["MatMul"]) == len(dense) >= 3  # shared expert: gate, up, down
+    converted = {moe.inputs[2].name, moe.inputs[4].name} | {n.inputs[1].name for n in dense}
+    assert routers and not routers & converted
     for name, old in before.items():
         new = fused.graph.initializers[name].const_value.numpy()
-        if name in expert_inputs:
-            assert new.dtype == np.dtype(NUMPY[dtype])
+        if name in converted:
+            assert new.dtype == np.dtype(NUMPY[dtype]), name
             np.testing.assert_array_equal(new, old.astype(NUMPY[dtype]))
         else:
-            assert new.dtype == old.dtype
+            assert new.dtype == old.dtype, name
             np.testing.assert_array_equal(new, old)
-    # tokens and logits in, output back to float32
-    assert op_counts(fused)["Cast"] == 3
-    assert moe.outputs[0].dtype == moe.inputs[0].dtype == moe.inputs[1].dtype
+    for node in [moe, *dense]:
+        assert node.outputs[0].dtype == node.inputs[0].dtype == node.inputs[1].dtype
+        assert [u.node.op_type for u in node.outputs[0].uses()] == ["Cast"]
+    # One Cast per value cast in, one per converted node's output.
+    cast_inputs = [n.inputs[0] for n in fused.graph if n.op_type == "Cast"]
+    assert len(cast_inputs) == len(set(cast_inputs))
+    assert op_counts(fused)["Cast"] == sum(s["nodes_added"] for s in report.fused)
 
 
 def test_bf16_model_runs_on_hinamoe(tmp_path, rng):
@@ -71,6 +85,8 @@ def test_bf16_model_runs_on_hinamoe(tmp_path, rng):
     out = {}
     providers = node_providers(sess, lambda: out.setdefault("y", sess.run(None, {"hidden": x})[0]))
     assert providers.get(moe_name) == "HinaMoE", providers
+    bf16_matmuls = [n.name for n in fused.graph if n.op_type == "MatMul" and n.inputs[1].dtype == ir.DataType.BFLOAT16]
+    assert bf16_matmuls and all(providers.get(n) == "HinaMoE" for n in bf16_matmuls), providers
     assert out["y"].dtype == np.float32
     _close(out["y"], reference_block(x, weights, k, True), TOLERANCE["bf16"])
 

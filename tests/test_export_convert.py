@@ -35,18 +35,22 @@ def test_fp32_folder_to_bf16_equals_bf16_export(arch, tiny_export, tmp_path):
     assert [(n.op_type, n.name) for n in got_model.graph.node] == [(n.op_type, n.name) for n in want_model.graph.node]
     assert got.keys() == want.keys()
     moe_weights = {i for n in got_model.graph.node if n.op_type == "MoE" for i in n.input[2:8] if i}
+    matmul_weights = {n.input[1] for n in got_model.graph.node if n.op_type == "MatMul" and n.input[1] in got}
     assert moe_weights
     for name, value in got.items():
         assert value.dtype == want[name].dtype, name
         np.testing.assert_array_equal(value, want[name], err_msg=name)
         if name in moe_weights:
             assert value.dtype.name == "bfloat16", name
+    # The dense linears at bf16 (routers, where they are MatMuls, stay float32).
+    assert "bfloat16" in {got[w].dtype.name for w in matmul_weights} <= {"bfloat16", "float32"}
     side = {f.name for f in src.iterdir() if f.is_file()} - {"model.onnx", "model.onnx_data"}
     for name in side - {"fusion_report.json"}:
         assert (dst / name).read_bytes() == (src / name).read_bytes(), name
     [dtype_pass] = json.loads((dst / "fusion_report.json").read_text())["passes"]
     n_moe = sum(n.op_type == "MoE" for n in got_model.graph.node)
-    assert dtype_pass["name"] == "dtype" and dtype_pass["matched"] == n_moe > 0
+    n_dense = sum(got[w].dtype.name == "bfloat16" for w in matmul_weights)
+    assert dtype_pass["name"] == "dtype" and dtype_pass["matched"] == n_moe + n_dense and n_moe > 0
 
 
 def test_errors(tiny_export, tmp_path):
@@ -57,9 +61,15 @@ def test_errors(tiny_export, tmp_path):
         convert(src, src)
     with pytest.raises(ExportError, match="no model.onnx"):
         convert(tmp_path, tmp_path / "x")
-    unfused = tiny_export("qwen3_moe").model.parent  # no MoE node to convert
-    with pytest.raises(ExportError, match="no MoE node converted"):
-        convert(unfused, tmp_path / "y")
+    plain = tmp_path / "plain"  # no MoE node, no MatMul with a weight
+    plain.mkdir()
+    f32 = onnx.TensorProto.FLOAT
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "g",
+                                   [onnx.helper.make_tensor_value_info("x", f32, [2])],
+                                   [onnx.helper.make_tensor_value_info("y", f32, [2])])
+    onnx.save(onnx.helper.make_model(graph), str(plain / "model.onnx"))
+    with pytest.raises(ExportError, match="nothing converted"):
+        convert(plain, tmp_path / "y")
     assert not (tmp_path / "y").exists()
 
 

@@ -113,3 +113,30 @@ def test_genai_greedy_int4_export_matches_cpu_ep(tiny_export, rng, monkeypatch):
         err = np.abs(got_logits[step] - want_logits[step])
         assert np.all(err <= atol), f"step {step}: max error {err.max():.3g} (atol {atol:.3g})"
     assert first >= NEW_TOKENS // 2, f"HinaMoE {got} vs CPU EP {want}"
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe"])
+def test_genai_bf16_export_every_linear_on_hinamoe(arch, tiny_export, rng, tmp_path):
+    """--dtype bf16 stores the experts and the dense linears at bf16: every
+    MoE and bf16 MatMul node runs on HinaMoE (the CPU EP has no bf16
+    MatMul), and the logits follow the fp32 export's within bf16 rounding."""
+    folder = tiny_export.fused(arch, "bf16").model.parent
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+    bf16 = onnx.TensorProto.BFLOAT16
+    weights = {t.name: t.data_type for t in graph.initializer}
+    matmuls = [n.name for n in graph.node if n.op_type == "MatMul" and weights.get(n.input[1]) == bf16]
+    assert len(matmuls) >= 2 * json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    prompt = rng.integers(3, vocab, size=7)
+    prefix = str(tmp_path / "hina")
+    model = hinamoe.genai.model(folder, profile_prefix=prefix)
+    _, got = greedy(model, prompt, 4)
+    del model
+    [profile] = glob.glob(prefix + "*.json")
+    ran = hinamoe.genai.profile_providers(profile)
+    for name in matmuls + [n.name for n in graph.node if n.op_type == "MoE"]:
+        assert ran.get(name, (None, None))[1] == "HinaMoE", f"{name} ran on {ran.get(name)}"
+    _, want = greedy(hinamoe.genai.model(tiny_export.fused(arch).model.parent), prompt, 4)
+    scale = max(float(np.abs(w).max()) for w in want)
+    err = max(float(np.abs(g - w).max()) for g, w in zip(got[:1], want[:1]))  # the prompt step: same inputs
+    assert err <= 3e-2 * scale, f"bf16 logits off the fp32 export's by {err:.3g} (scale {scale:.3g})"

@@ -6,6 +6,7 @@
 #include "ep_factory.h"
 #include "gqa_support.h"
 #include "matmul_nbits_support.h"
+#include "matmul_support.h"
 #include "moe_support.h"
 #include "qmoe_support.h"
 
@@ -123,9 +124,13 @@ OrtStatus* ORT_API_CALL HinaEp::GetCapabilityImpl(OrtEp* this_ptr, const OrtGrap
   HINA_API_BEGIN
   Ort::ConstGraph g{graph};
   for (const Ort::ConstNode& node : g.GetNodes()) {
-    if (node.GetDomain() != "com.microsoft") continue;
     std::string why_not;
-    if (node.GetOperatorType() == "MoE") {
+    if (node.GetDomain().empty() && node.GetOperatorType() == "MatMul") {
+      if (!matmul_is_16_bit(node)) continue;  // float32 and integer MatMuls are not HinaMoE's op
+      why_not = matmul_unsupported_reason(node);
+    } else if (node.GetDomain() != "com.microsoft") {
+      continue;
+    } else if (node.GetOperatorType() == "MoE") {
       why_not = moe_unsupported_reason(node);
     } else if (node.GetOperatorType() == "QMoE") {
       why_not = qmoe_unsupported_reason(node);

@@ -1,8 +1,10 @@
 #include "kernel_registry.h"
 
+#include <limits>
 #include <vector>
 
 #include "gqa_kernel.h"
+#include "matmul_kernel.h"
 #include "matmul_nbits_kernel.h"
 #include "moe_kernel.h"
 #include "qmoe_kernel.h"
@@ -75,6 +77,27 @@ OrtStatus* create_kernel_registry(const char* ep_name, OrtKernelRegistry** out) 
                                 .AddTypeConstraint("T2", tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8))
                                 .Build();
   Ort::ThrowOnError(registry.AddKernel(mmnb_def, create_matmul_nbits_kernel, nullptr));
+
+  // ONNX MatMul at 16-bit float widths (GetCapability claims B of rank 2
+  // only): float16 since opset 1, bfloat16 since opset 13.
+  const OrtDataType* f16 = tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16);
+  const OrtDataType* bf16 = tensor_type(ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16);
+  Ort::KernelDef matmul_old_def = Ort::KernelDefBuilder()
+                                      .SetOperatorType("MatMul")
+                                      .SetDomain("")
+                                      .SetSinceVersion(1, 12)
+                                      .SetExecutionProvider(ep_name)
+                                      .AddTypeConstraint("T", f16)
+                                      .Build();
+  Ort::ThrowOnError(registry.AddKernel(matmul_old_def, create_matmul_kernel, nullptr));
+  Ort::KernelDef matmul_def = Ort::KernelDefBuilder()
+                                  .SetOperatorType("MatMul")
+                                  .SetDomain("")
+                                  .SetSinceVersion(13, std::numeric_limits<int>::max())
+                                  .SetExecutionProvider(ep_name)
+                                  .AddTypeConstraint("T", std::vector<const OrtDataType*>{f16, bf16})
+                                  .Build();
+  Ort::ThrowOnError(registry.AddKernel(matmul_def, create_matmul_kernel, nullptr));
 
   *out = registry.release();
   return nullptr;

@@ -12,6 +12,10 @@ constexpr int kNumDTypes = 3;
 
 constexpr float INFINITY_F = std::numeric_limits<float>::infinity();
 
+// The storage type of one element: float, or the 16 bits of a half / bfloat16.
+template <DType DT> struct Elem { using T = uint16_t; };
+template <> struct Elem<DType::F32> { using T = float; };
+
 inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
 inline const char* dtype_name(DType t) {
   return t == DType::F32 ? "float32" : t == DType::F16 ? "float16" : "bfloat16";

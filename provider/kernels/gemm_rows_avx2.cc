@@ -8,9 +8,11 @@
 
 #include <algorithm>
 
+#include "dense/gemm_kn.h"
 #include "gemm_rows_tiling.h"
 #include "isa_target.h"
 #include "tier.h"
+#include "vec_avx2.h"
 #include "weight_prefetch.h"
 
 // Software prefetch on the weight stream, bytes ahead of the current load
@@ -45,38 +47,9 @@
 namespace hinamoe {
 namespace {
 
-template <DType DT> struct Elem { using T = uint16_t; };
-template <> struct Elem<DType::F32> { using T = float; };
-
-template <DType DT>
-HINAMOE_AVX2_INLINE __m256 load8(const typename Elem<DT>::T* p) {
-  if constexpr (DT == DType::F32) {
-    return _mm256_loadu_ps(p);
-  } else if constexpr (DT == DType::F16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  } else {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-  }
-}
-
-template <DType DT>
-HINAMOE_AVX2_INLINE float load1(const typename Elem<DT>::T* p) {
-  if constexpr (DT == DType::F32) {
-    return *p;
-  } else if constexpr (DT == DType::F16) {
-    return _cvtsh_ss(*p);
-  } else {
-    return bits_to_f32(uint32_t(*p) << 16);
-  }
-}
-
-HINAMOE_AVX2_INLINE float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using avx2::hsum;
+using avx2::load1;
+using avx2::load8;
 
 // R weight rows x T tokens over the whole K: R*T ymm accumulators, each row
 // vector loaded (and converted) once per step and reused by the T tokens.
@@ -214,6 +187,7 @@ const KernelTier& avx2_tier() {
     t.gemm_rows_strided[int(DType::F32)] = gemm_rows_strided_avx2<DType::F32>;
     t.gemm_rows_strided[int(DType::F16)] = gemm_rows_strided_avx2<DType::F16>;
     t.gemm_rows_strided[int(DType::BF16)] = gemm_rows_strided_avx2<DType::BF16>;
+    fill_gemm_kn_avx2(t.gemm_kn);
     return t;
   }();
   return tier;

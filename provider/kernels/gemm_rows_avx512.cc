@@ -19,11 +19,13 @@
 
 #include <algorithm>
 
+#include "dense/gemm_kn.h"
 #include "aligned_buffer.h"
 #include "avx512_hsum.h"
 #include "gemm_rows_tiling.h"
 #include "isa_target.h"
 #include "tier.h"
+#include "vec_avx512.h"
 #include "weight_prefetch.h"
 
 
@@ -48,34 +50,7 @@
 namespace hinamoe {
 namespace {
 
-template <DType DT> struct Elem { using T = uint16_t; };
-template <> struct Elem<DType::F32> { using T = float; };
-
-// 16 weights as float32; the masked form zeroes (and does not read) the
-// lanes outside m.
-template <DType DT>
-HINAMOE_AVX512_INLINE __m512 load16(const typename Elem<DT>::T* p) {
-  if constexpr (DT == DType::F32) {
-    return _mm512_loadu_ps(p);
-  } else if constexpr (DT == DType::F16) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  } else {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-  }
-}
-
-template <DType DT>
-HINAMOE_AVX512_INLINE __m512 load16(const typename Elem<DT>::T* p, __mmask16 m) {
-  if constexpr (DT == DType::F32) {
-    return _mm512_maskz_loadu_ps(m, p);
-  } else if constexpr (DT == DType::F16) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
-  } else {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-  }
-}
+using avx512::load16;
 
 template <DType DT, bool Masked>
 HINAMOE_AVX512_INLINE __m512 load_w(const typename Elem<DT>::T* p, __mmask16 m) {
@@ -323,6 +298,7 @@ const KernelTier& avx512_tier() {
     t.gemm_rows_strided[int(DType::F32)] = gemm_rows_strided_avx512<DType::F32>;
     t.gemm_rows_strided[int(DType::F16)] = gemm_rows_strided_avx512<DType::F16>;
     t.gemm_rows_strided[int(DType::BF16)] = gemm_rows_strided_avx512<DType::BF16>;
+    fill_gemm_kn_avx512(t.gemm_kn);
     return t;
   }();
   return tier;

@@ -1,5 +1,6 @@
 // The reference tier: plain scalar loops that state what gemm_rows computes.
 // Slow but obviously right; the other tiers are tested against the same math.
+#include "dense/gemm_kn.h"
 #include "tier.h"
 
 namespace hinamoe {
@@ -35,6 +36,7 @@ const KernelTier& ref_tier() {
     t.gemm_rows_strided[int(DType::F32)] = gemm_rows_strided_ref<DType::F32>;
     t.gemm_rows_strided[int(DType::F16)] = gemm_rows_strided_ref<DType::F16>;
     t.gemm_rows_strided[int(DType::BF16)] = gemm_rows_strided_ref<DType::BF16>;
+    fill_gemm_kn_ref(t.gemm_kn);
     return t;
   }();
   return tier;

@@ -26,6 +26,14 @@ using GemmRowsFn = void (*)(const void* W, int64_t K, int64_t n0, int64_t n1,
 using GemmRowsStridedFn = void (*)(const void* W, int64_t ldw, int64_t K, int64_t n0, int64_t n1,
                                    const float* X, int64_t ldx, int64_t M, float* Y, int64_t ldy);
 
+// Small GEMM against a [K, N] weight (ONNX MatMul's B) in place:
+//   Y[m*ldy + (n - n0)] = sum_{k<K} X[m*ldx + k] * W[k*ldw + n]
+// for n in [n0, n1), m in [0, M). W has the tier's element type; X and Y
+// are float. Rows of W are read whole, a band of rows at a time, for all M
+// tokens at once (dense/gemm_kn_impl.h).
+using GemmKnFn = void (*)(const void* W, int64_t ldw, int64_t K, int64_t n0, int64_t n1,
+                          const float* X, int64_t ldx, int64_t M, float* Y, int64_t ldy);
+
 struct MoEAttrs;
 namespace numa {
 struct SegmentTable;
@@ -63,6 +71,7 @@ struct KernelTier {
   const char* name = "";
   GemmRowsFn gemm_rows[kNumDTypes] = {};  // indexed by DType
   GemmRowsStridedFn gemm_rows_strided[kNumDTypes] = {};  // same math, any row stride
+  GemmKnFn gemm_kn[kNumDTypes] = {};  // the dense MatMul's [K, N] weights
   // When set, bf16 weights go through these instead of gemm_rows.
   const ExpertBlockKernels* bf16_blocks = nullptr;
 };

@@ -1,6 +1,10 @@
 // The two AMX tiers: bf16 weights go through the HiNa micro-kernel (real
 // tiles or the emulator); f32/f16 weights, which AMX BF16 cannot take in
-// place, use the best row-streaming tier this CPU has.
+// place, use the best row-streaming tier this CPU has; the dense MatMul
+// runs the avx512 tier's kernels.
+#include <algorithm>
+#include <iterator>
+
 #include "../tier.h"
 #include "block_epilogue.h"
 #include "hina_microkernel.h"
@@ -12,6 +16,8 @@ KernelTier make_tier(const char* name, const ExpertBlockKernels* blocks) {
   const KernelTier& rows = tier_unavailable_reason("avx2").empty() ? avx2_tier() : ref_tier();
   KernelTier t = rows;
   t.name = name;
+  if (tier_unavailable_reason("avx512").empty())  // every AMX CPU: the dense MatMul's zmm kernels
+    std::copy(std::begin(avx512_tier().gemm_kn), std::end(avx512_tier().gemm_kn), std::begin(t.gemm_kn));
   t.bf16_blocks = blocks;
   return t;
 }

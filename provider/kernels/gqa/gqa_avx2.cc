@@ -20,6 +20,7 @@
 #include "dtype.h"
 #include "gqa/gqa.h"
 #include "isa_target.h"
+#include "vec_avx2.h"
 
 namespace hinamoe {
 namespace {
@@ -27,29 +28,8 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNegInf = -kInf;
 
-// K/V element types: float, IEEE half bits widened with vcvtph2ps, or
-// bfloat16 bits widened by a zero-extend and a 16-bit shift.
-template <DType DT> struct Elem { using T = uint16_t; };
-template <> struct Elem<DType::F32> { using T = float; };
-
-template <DType DT>
-HINAMOE_AVX2_INLINE __m256 load8(const typename Elem<DT>::T* p) {
-  if constexpr (DT == DType::F32) {
-    return _mm256_loadu_ps(p);
-  } else if constexpr (DT == DType::F16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  } else {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-  }
-}
-
-HINAMOE_AVX2_INLINE float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using avx2::hsum;
+using avx2::load8;
 
 HINAMOE_AVX2_INLINE float hmax(__m256 v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -1,6 +1,7 @@
 """The dtype pass on a model folder that already exists: a copy whose MoE
-expert weights are bf16 (or fp16), the rest of the graph and every other
-file as they were.
+expert weights and dense linears (MatMuls with a constant weight, routers
+excepted) are bf16 (or fp16), the rest of the graph and every other file
+as they were.
 
 Works on onnxruntime-genai folders (the genai model builder's output:
 genai_config.json names the model file) and on hina-export outputs (its
@@ -69,8 +70,8 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bf16", *, progress: 
     model, report = run_passes(model, only=["dtype"], dtype=dtype)
     [dtype_report] = report.passes
     if not dtype_report.fused:
-        why = "; ".join(f"{s['where']}: {s['reason']}" for s in dtype_report.skipped) or "no MoE node"
-        raise ExportError(f"{path}: no MoE node converted ({why})")
+        why = "; ".join(f"{s['where']}: {s['reason']}" for s in dtype_report.skipped) or "no MoE node or dense MatMul"
+        raise ExportError(f"{path}: nothing converted ({why})")
     dst.mkdir(parents=True, exist_ok=True)
     save_model(model, dst, progress=progress)
     del model
@@ -84,10 +85,11 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bf16", *, progress: 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hinamoe.export.convert",
                                 description="Copy a genai or hina-export model folder with its MoE expert"
-                                            " weights stored as bf16 or fp16 (hinamoe.graph_passes.dtype).")
+                                            " weights and dense linears stored as bf16 or fp16"
+                                            " (hinamoe.graph_passes.dtype).")
     p.add_argument("src", help="model folder (genai_config.json, or hina-export's model.onnx + config.json)")
     p.add_argument("dst", help="folder to write")
-    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="expert weight type (default bf16)")
+    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="weight type (default bf16)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     try:
@@ -95,10 +97,13 @@ def main(argv=None) -> int:
     except ExportError as e:
         print(f"convert: error: {e}", file=sys.stderr)
         return 2
-    before = sum(s["weight_bytes_before"] for s in rep.fused)
-    after = sum(s["weight_bytes_after"] for s in rep.fused)
-    print(f"{len(rep.fused)} MoE node(s) to {args.dtype}: expert weights {before / 1e6:.1f} MB -> "
-          f"{after / 1e6:.1f} MB; wrote {Path(args.dst) / MODEL_FILE}")
+    for op, what in (("MoE", "expert weights"), ("MatMul", "dense weights")):
+        sites = [s for s in rep.fused if s.get("op") == op]
+        if sites:
+            before = sum(s["weight_bytes_before"] for s in sites)
+            after = sum(s["weight_bytes_after"] for s in sites)
+            print(f"{len(sites)} {op} node(s) to {args.dtype}: {what} {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+    print(f"wrote {Path(args.dst) / MODEL_FILE}")
     for s in rep.skipped:
         print(f"  left alone: {s['where']}: {s['reason']}")
     return 0
