@@ -84,6 +84,13 @@ void node_partial(const numa::SegmentTable& tb, int node, const KernelTier& tier
   }
 }
 
+// bf16 experts on a tier that multiplies bf16 pairs (tier.gemm_rows_bf16)
+// take that path from this many tokens per active expert on average: the
+// tokens and the activations are then kept as bf16 rows (the activations
+// rounded once, as on the AMX tiers' tiles). Fewer tokens stream the weights
+// from DRAM either way, and keep float activations.
+constexpr int64_t kPairsMinTokensPerExpert = 4;
+
 }  // namespace
 
 // Row-streaming tiers: per-route expert outputs y [R, H] (float) from
@@ -101,24 +108,41 @@ void expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at, const MoETen
   const GemmRowsFn gemm = tier.gemm_rows[int(dt)];
   const int64_t R = routes.count();
   const int64_t* begin = routes.expert_begin.data();
+  int64_t active = 0;
+  for (int64_t e = 0; e < E; ++e) active += begin[e + 1] > begin[e];
+  const GemmRowsBf16Fn pairs = dt == DType::BF16 && nr == nullptr && R >= kPairsMinTokensPerExpert * active
+                                   ? tier.gemm_rows_bf16
+                                   : nullptr;
 
   // xs: gathered inputs [R, ldx]; act: activations [R, lda]; y: the
   // per-route down outputs [R, H]. y is its own buffer: with gate/up and down
   // in one pass, an expert's down items write while other experts' gate/up
   // items still read their inputs.
   const int64_t ldx = padded_ld(H), lda = padded_ld(I);
+  // With `pairs`, xs16 / act16 (bf16 rows) replace xs / act.
   Scratch<AlignedVector<float>> xs_s, act_s;
   Scratch<std::vector<float>> h1_s;
+  Scratch<std::vector<uint16_t>> xs16_s, act16_s;
   AlignedVector<float> &xs = *xs_s, &act = *act_s;
+  std::vector<uint16_t> &xs16 = *xs16_s, &act16 = *act16_s;
   std::vector<float>& h1 = *h1_s;
   std::vector<float>& y = *y_out;
-  xs.assign(size_t(R * ldx), 0.0f);
-  act.assign(size_t(R * lda), 0.0f);
+  if (pairs != nullptr) {
+    xs16.assign(size_t(R * ldx), 0);
+    act16.assign(size_t(R * lda), 0);
+  } else {
+    xs.assign(size_t(R * ldx), 0.0f);
+    act.assign(size_t(R * lda), 0.0f);
+  }
   h1.assign(size_t(R * N1), 0.0f);
   y.assign(size_t(R * H), 0.0f);
 
-  // Gather each expert's tokens (grouped order) as float rows.
-  {
+  if (pairs != nullptr) {  // gather the tokens as they are (bf16)
+    const uint16_t* in = static_cast<const uint16_t*>(t.input) + t0 * H;
+    maybe_parallel(par, R, R * H, [&](size_t p) {
+      std::memcpy(&xs16[p * ldx], in + routes.token[p] * H, size_t(H) * 2);
+    });
+  } else {  // gather each expert's tokens (grouped order) as float rows
     const int64_t chunk = 16;
     const char* in = static_cast<const char*>(t.input) + t0 * H * es;
     maybe_parallel(par, (R + chunk - 1) / chunk, R * H, [&](size_t c) {
@@ -148,11 +172,16 @@ void expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at, const MoETen
     const float* Y = &h1[p0 * N1];
     for (int64_t m = 0; m < M; ++m) {
       const float* y = Y + m * N1;
-      float* a = &act[(p0 + m) * lda];
+      float* a = pairs ? nullptr : &act[(p0 + m) * lda];
+      uint16_t* a16 = pairs ? &act16[(p0 + m) * lda] : nullptr;
+      auto put = [&](int64_t j, float v) {
+        if (a16 != nullptr) a16[j] = f32_to_bf16(v);
+        else a[j] = v;
+      };
       if (!gated) {
         for (int64_t j = j0; j < j1; ++j) {
           const float b = t.fc1_b ? load_as_f32(t.fc1_b, e * F1 + j, dt) : 0.0f;
-          a[j] = activate(at.activation, y[j] + b);
+          put(j, activate(at.activation, y[j] + b));
         }
         continue;
       }
@@ -166,7 +195,7 @@ void expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at, const MoETen
         } else if (t.fc1_b) {
           u += load_as_f32(t.fc1_b, e * F1 + ui, dt);
         }
-        a[j] = activate_gated(at, g, u);
+        put(j, activate_gated(at, g, u));
       }
     }
   };
@@ -174,19 +203,25 @@ void expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at, const MoETen
     up = [&](const Item& it) {
       const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
       const int64_t p0 = begin[e], M = begin[e + 1] - p0;
-      const float* X = &xs[p0 * ldx];
       float* Y = &h1[p0 * N1];
-      const void* w1 = fc1 + e * F1 * H * es;
+      // Rows [r0, r1) of weight w (H columns) into Y's columns from r0 + shift.
+      auto rows = [&](const char* w, int64_t r0, int64_t r1, int64_t shift) {
+        if (pairs != nullptr)
+          pairs(reinterpret_cast<const uint16_t*>(w), H, r0, r1, &xs16[p0 * ldx], ldx, M, Y + r0 + shift, N1);
+        else
+          gemm(w, H, r0, r1, &xs[p0 * ldx], ldx, M, Y + r0 + shift, N1);
+      };
+      const char* w1 = fc1 + e * F1 * H * es;
       if (!gated) {
-        gemm(w1, H, j0, j1, X, ldx, M, Y + j0, N1);
+        rows(w1, j0, j1, 0);
       } else if (at.gate_layout == GateLayout::Interleaved) {
-        gemm(w1, H, 2 * j0, 2 * j1, X, ldx, M, Y + 2 * j0, N1);
+        rows(w1, 2 * j0, 2 * j1, 0);
       } else if (at.gate_layout == GateLayout::Stacked) {
-        gemm(w1, H, j0, j1, X, ldx, M, Y + j0, N1);
-        gemm(w1, H, I + j0, I + j1, X, ldx, M, Y + I + j0, N1);
+        rows(w1, j0, j1, 0);
+        rows(w1, I + j0, I + j1, 0);
       } else {
-        gemm(w1, H, j0, j1, X, ldx, M, Y + j0, N1);
-        gemm(fc3 + e * I * H * es, H, j0, j1, X, ldx, M, Y + I + j0, N1);
+        rows(w1, j0, j1, 0);
+        rows(fc3 + e * I * H * es, j0, j1, I);
       }
       epilogue(it);
     };
@@ -257,7 +292,11 @@ void expert_outputs_rows(const MoEShape& shape, const MoEAttrs& at, const MoETen
       run_up_then_down(par, up_items, items, E, up, [&](const Item& it) {
         const int64_t e = it.expert, n0 = it.b0, n1 = it.b1;
         const int64_t p0 = begin[e], M = begin[e + 1] - p0;
-        gemm(fc2 + e * H * I * es, I, n0, n1, &act[p0 * lda], lda, M, yr + p0 * H + n0, H);
+        const char* w2 = fc2 + e * H * I * es;
+        if (pairs != nullptr)
+          pairs(reinterpret_cast<const uint16_t*>(w2), I, n0, n1, &act16[p0 * lda], lda, M, yr + p0 * H + n0, H);
+        else
+          gemm(w2, I, n0, n1, &act[p0 * lda], lda, M, yr + p0 * H + n0, H);
         add_bias(it);
       });
     } else {

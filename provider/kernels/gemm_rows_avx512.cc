@@ -255,6 +255,92 @@ HINAMOE_AVX512_FN void rows_bf16_one_token(const uint16_t* W, int64_t ldw, int64
   if (n1 - n >= 1) micro_bf16_eo<1>(W + n * ldw, K, ldw, xeo.data(), x, y + (n - n0));
 }
 
+// bf16 weights against bf16 tokens on AVX512-BF16: per K step of 32, one
+// 64-byte load of a weight row and of a token row are both 16 pairs of
+// neighbours (k, k+1), and one vdpbf16ps adds the 32 products of the pair
+// into a float32 accumulator -- no widening, a third of the float path's
+// instructions. Same R x T tiles and row blocks as micro(); the K tail is
+// masked (zeros beyond K in both operands).
+template <bool Masked>
+HINAMOE_AVX512_BF16_INLINE __m512bh load_pairs(const uint16_t* p, __mmask32 m) {
+  if constexpr (Masked) return reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(m, p));
+  (void)m;
+  return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
+}
+
+template <int R, int T, bool Masked>
+HINAMOE_AVX512_BF16_INLINE void step_pairs(const uint16_t* w, int64_t ldw, const uint16_t* x, int64_t ldx,
+                                           __mmask32 m, __m512 (&acc)[R][T]) {
+  __m512bh xv[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) xv[t] = load_pairs<Masked>(x + t * ldx, m);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    const __m512bh wv = load_pairs<Masked>(w + r * ldw, m);
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, xv[t]);
+  }
+}
+
+template <int R, int T>
+HINAMOE_AVX512_BF16_FN void micro_pairs(const uint16_t* w, int64_t K, int64_t ldw, const uint16_t* x, int64_t ldx,
+                                        float* y, int64_t ldy, bool accumulate) {
+  __m512 acc[R][T];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const TierPrefetch<uint16_t, R, 32> prefetch(w, K, ldw);
+  const int64_t K32 = K & ~int64_t(31);
+  for (int64_t k = 0; k < K32; k += 32) {
+    prefetch.before(k);
+    step_pairs<R, T, false>(w + k, ldw, x + k, ldx, 0, acc);
+  }
+  if (K32 < K) step_pairs<R, T, true>(w + K32, ldw, x + K32, ldx, __mmask32((uint64_t(1) << (K - K32)) - 1), acc);
+  constexpr __mmask16 rows_mask = __mmask16((1u << R) - 1);
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    __m512 col[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) col[r] = acc[r][t];
+    __m512 s = avx512::hsum_lanes<R>(col);
+    float* yp = y + t * ldy;
+    if (accumulate) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(rows_mask, yp));
+    _mm512_mask_storeu_ps(yp, rows_mask, s);
+  }
+}
+
+template <int T>
+HINAMOE_AVX512_BF16_FN void rows_loop_pairs(const uint16_t* W, int64_t kc, int64_t ldw, int64_t nb0, int64_t nb1,
+                                            int64_t n0, const uint16_t* x, int64_t ldx, float* y, int64_t ldy,
+                                            bool acc) {
+  constexpr int R = rows_for(T);
+  int64_t n = nb0;
+  for (; n + R <= nb1; n += R) micro_pairs<R, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc);
+  if constexpr (R > 4) {
+    if (nb1 - n >= 4) { micro_pairs<4, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc); n += 4; }
+  }
+  if constexpr (R > 2) {
+    if (nb1 - n >= 2) { micro_pairs<2, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc); n += 2; }
+  }
+  if (nb1 - n >= 1) micro_pairs<1, T>(W + n * ldw, kc, ldw, x, ldx, y + (n - n0), ldy, acc);
+}
+
+HINAMOE_AVX512_BF16_FN void gemm_rows_bf16_pairs(const uint16_t* W, int64_t K, int64_t n0, int64_t n1,
+                                                 const uint16_t* X, int64_t ldx, int64_t M, float* Y, int64_t ldy) {
+  static_assert(rows_for(1) <= 8 && rows_for(4) <= 8, "leftover rows are split into 4, 2, 1");
+  tile_gemm_rows(W, K, n0, n1, X, ldx, M, Y, ldy, kRowMultiple,
+                 [&](int64_t T, const uint16_t* w, int64_t kc, int64_t nb, int64_t nbe, const uint16_t* x, float* y,
+                     bool acc) {
+                   switch (T) {
+                     case 1: rows_loop_pairs<1>(w, kc, K, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+                     case 2: rows_loop_pairs<2>(w, kc, K, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+                     case 3: rows_loop_pairs<3>(w, kc, K, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+                     default: rows_loop_pairs<4>(w, kc, K, nb, nbe, n0, x, ldx, y, ldy, acc); break;
+                   }
+                 });
+}
+
 // Rows ldw elements apart, K columns each (ldw == K: gemm_rows), in the
 // shared blocking (gemm_rows_tiling.h) over this tier's rows_loop.
 template <DType DT>
@@ -299,6 +385,8 @@ const KernelTier& avx512_tier() {
     t.gemm_rows_strided[int(DType::F16)] = gemm_rows_strided_avx512<DType::F16>;
     t.gemm_rows_strided[int(DType::BF16)] = gemm_rows_strided_avx512<DType::BF16>;
     fill_gemm_kn_avx512(t.gemm_kn);
+    t.gemm_kn_bf16 = gemm_kn_bf16_avx512();
+    if (avx512_bf16_unavailable_reason().empty()) t.gemm_rows_bf16 = gemm_rows_bf16_pairs;
     return t;
   }();
   return tier;

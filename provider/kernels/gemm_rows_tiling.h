@@ -11,11 +11,11 @@
 namespace hinamoe {
 
 // Rows [n0, n1) of W (K columns; rows_loop knows their stride) against the M
-// tokens of X: rows_loop(T, w, kc, nb, nbe, x, y, acc) runs rows [nb, nbe)
+// tokens of X (float, or bfloat16 for the pair kernels): rows_loop(T, w, kc, nb, nbe, x, y, acc) runs rows [nb, nbe)
 // against the T tokens at x over the kc columns w and x point at, writing
 // (acc: adding to) y. Row blocks are multiples of row_multiple.
-template <class E, class RowsLoop>
-inline void tile_gemm_rows(const E* W, int64_t K, int64_t n0, int64_t n1, const float* X, int64_t ldx,
+template <class E, class XT, class RowsLoop>
+inline void tile_gemm_rows(const E* W, int64_t K, int64_t n0, int64_t n1, const XT* X, int64_t ldx,
                            int64_t M, float* Y, int64_t ldy, int64_t row_multiple, RowsLoop&& rows_loop) {
   if (n1 <= n0 || M <= 0) return;
   // Token tiles of 1..4, as even as possible (M=5 -> 3+2, M=7 -> 4+3, M=9 -> 3+3+3):

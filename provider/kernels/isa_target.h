@@ -17,3 +17,6 @@
 #define HINAMOE_AVX512_FN __attribute__((target(HINAMOE_AVX512_TARGET)))
 #define HINAMOE_AVX512_INLINE __attribute__((target(HINAMOE_AVX512_TARGET), always_inline)) inline
 #define HINAMOE_AVX512_VNNI_FN __attribute__((target(HINAMOE_AVX512_TARGET ",avx512vnni")))
+// AVX512-BF16: vdpbf16ps (pairs of bfloat16 products summed into float32).
+#define HINAMOE_AVX512_BF16_FN __attribute__((target(HINAMOE_AVX512_TARGET ",avx512bf16")))
+#define HINAMOE_AVX512_BF16_INLINE __attribute__((target(HINAMOE_AVX512_TARGET ",avx512bf16"), always_inline)) inline

@@ -34,6 +34,17 @@ using GemmRowsStridedFn = void (*)(const void* W, int64_t ldw, int64_t K, int64_
 using GemmKnFn = void (*)(const void* W, int64_t ldw, int64_t K, int64_t n0, int64_t n1,
                           const float* X, int64_t ldx, int64_t M, float* Y, int64_t ldy);
 
+// gemm_rows for bfloat16 W and bfloat16 tokens X (rows ldx apart), on
+// vdpbf16ps: the same sums in float32, each product exact.
+using GemmRowsBf16Fn = void (*)(const uint16_t* W, int64_t K, int64_t n0, int64_t n1, const uint16_t* X,
+                                int64_t ldx, int64_t M, float* Y, int64_t ldy);
+
+// gemm_kn for bfloat16 W and bfloat16 tokens A [M, lda], on instructions
+// that multiply pairs of bfloat16 (AVX512-BF16's vdpbf16ps): the same sum
+// in float32, each product exact, without widening A to float first.
+using GemmKnBf16Fn = void (*)(const uint16_t* W, int64_t ldw, int64_t K, int64_t n0, int64_t n1,
+                              const uint16_t* A, int64_t lda, int64_t M, float* Y, int64_t ldy);
+
 struct MoEAttrs;
 namespace numa {
 struct SegmentTable;
@@ -72,6 +83,10 @@ struct KernelTier {
   GemmRowsFn gemm_rows[kNumDTypes] = {};  // indexed by DType
   GemmRowsStridedFn gemm_rows_strided[kNumDTypes] = {};  // same math, any row stride
   GemmKnFn gemm_kn[kNumDTypes] = {};  // the dense MatMul's [K, N] weights
+  // Where the CPU multiplies bfloat16 pairs (AVX512-BF16): the bf16 MoE
+  // experts with several tokens each, and the bf16 dense MatMul.
+  GemmRowsBf16Fn gemm_rows_bf16 = nullptr;
+  GemmKnBf16Fn gemm_kn_bf16 = nullptr;
   // When set, bf16 weights go through these instead of gemm_rows.
   const ExpertBlockKernels* bf16_blocks = nullptr;
 };

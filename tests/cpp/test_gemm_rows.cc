@@ -93,3 +93,54 @@ TEST(gemm_rows_edges) {
     }
   }
 }
+
+TEST(gemm_rows_bf16_pairs_edges) {
+  // bf16 weights against bf16 tokens (the tiers with AVX512-BF16): every K
+  // tail of 32 (odd K: a last element without a partner), K slices, row
+  // leftovers and token tiles; X beyond K is NaN, Y's padding untouched.
+  const int64_t N = 29;
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 29}, {0, 1}, {3, 4}, {1, 28}, {26, 29}, {2, 12}};
+  int tested = 0;
+  for (const KernelTier* tier : tiers_here()) {
+    if (tier->gemm_rows_bf16 == nullptr) continue;
+    ++tested;
+    int bad = 0;
+    for (int64_t K : {1, 2, 15, 31, 32, 33, 63, 100, 1543, 3001}) {
+      ht::Buf W = ht::random_buf(2, size_t(N * K), 1.0);
+      for (int64_t M : {1, 2, 3, 4, 5, 9, 17}) {
+        const int64_t ldx = K + 5;
+        ht::Buf X = ht::random_buf(2, size_t(M * ldx), 2.0);
+        for (int64_t m = 0; m < M; ++m) std::memset(&X.raw[size_t(m * ldx + K) * 2], 0xff, 10);
+        for (auto [n0, n1] : ranges) {
+          const int64_t ldy = (n1 - n0) + 3;
+          std::vector<float> Y(size_t(M * ldy));
+          std::memset(Y.data(), 0xff, Y.size() * 4);
+          tier->gemm_rows_bf16(reinterpret_cast<const uint16_t*>(W.data()), K, n0, n1,
+                               reinterpret_cast<const uint16_t*>(X.data()), ldx, M, Y.data(), ldy);
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t c = 0; c < ldy; ++c) {
+              const float got = Y[m * ldy + c];
+              bool ok;
+              double want = 0, mag = 0;
+              if (n0 + c < n1) {
+                for (int64_t k = 0; k < K; ++k) {
+                  const double p = W.val[(n0 + c) * K + k] * X.val[m * ldx + k];
+                  want += p;
+                  mag += std::fabs(p);
+                }
+                ok = std::fabs(double(got) - want) <= double(K + 2) * 1.2e-7 * mag + 1e-30;
+              } else {
+                ok = ht::fbits(got) == 0xffffffffu;
+              }
+              if (!ok && bad++ < 3)
+                ht::check(false, ht::fmt("%s K=%lld M=%lld n=[%lld,%lld) m=%lld col=%lld: got %.9g want %.9g",
+                                         tier->name, (long long)K, (long long)M, (long long)n0, (long long)n1,
+                                         (long long)m, (long long)c, got, want));
+            }
+        }
+      }
+    }
+    ht::check(bad == 0, ht::fmt("%s gemm_rows_bf16: %d wrong values", tier->name, bad));
+  }
+  CHECK(tested > 0 || !avx512_bf16_unavailable_reason().empty());
+}

@@ -17,7 +17,10 @@ KernelTier make_tier(const char* name, const ExpertBlockKernels* blocks) {
   KernelTier t = rows;
   t.name = name;
   if (tier_unavailable_reason("avx512").empty())  // every AMX CPU: the dense MatMul's zmm kernels
+  {
     std::copy(std::begin(avx512_tier().gemm_kn), std::end(avx512_tier().gemm_kn), std::begin(t.gemm_kn));
+    t.gemm_kn_bf16 = avx512_tier().gemm_kn_bf16;
+  }
   t.bf16_blocks = blocks;
   return t;
 }

@@ -11,7 +11,7 @@
 // the MR tokens adds x[m, k] times them to its accumulators. The tokens are
 // read where they lie (one broadcast per token and row). Rows go a band at
 // a time across all of the call's columns, so each row is read front to
-// back, kBand rows in flight, and the accumulators of a tile live in
+// back, a band of rows in flight, and the accumulators of a tile live in
 // registers for a whole band. (The op's driver, matmul.cc, hands a thread
 // whole rows when there are few tokens: then a band is one contiguous
 // block of W.)
@@ -26,7 +26,10 @@ namespace hinamoe {
 namespace kn_impl {
 
 constexpr int kMaxTokens = 8;        // tokens per register tile
-constexpr int64_t kBand = 8;         // weight rows per pass over the columns
+// Weight rows per pass over the columns: few for a few tokens (a pass
+// streams its rows from DRAM), more for more tokens (each pass loads and
+// stores every tile's accumulators once; docs/kernels.md, "Dense MatMul").
+constexpr int64_t band_rows(int64_t M) { return M <= 8 ? 8 : 32; }
 constexpr int64_t kTokenChunk = 64;  // tokens whose accumulators a band pass updates
 // Each row is prefetched this far ahead of the tile's loads, into L2 (the
 // hardware prefetchers alone left a few-token call at ~50-70% of the read
@@ -89,8 +92,9 @@ KN_INLINE void gemm_kn(const void* Wv, int64_t ldw, int64_t K, int64_t n0, int64
   const auto* W = static_cast<const typename Elem<DT>::T*>(Wv);
   for (int64_t m0 = 0; m0 < M; m0 += kTokenChunk) {
     const int64_t mc = std::min(kTokenChunk, M - m0);
-    for (int64_t k0 = 0; k0 < K; k0 += kBand) {
-      const int64_t rows = std::min(kBand, K - k0);
+    const int64_t band_k = band_rows(M);
+    for (int64_t k0 = 0; k0 < K; k0 += band_k) {
+      const int64_t rows = std::min(band_k, K - k0);
       const bool first = k0 == 0;
       for (int64_t mb = m0; mb < m0 + mc; mb += kMaxTokens) {
         const float* x = X + mb * ldx + k0;

@@ -51,19 +51,39 @@ void widen_rows(const MatMulTensors& t, int64_t m0, int64_t M, float* X, const P
   });
 }
 
+// One call of the tier's kernel on rows [k0, k1) of B and columns
+// [n0, n1): bfloat16 pairs straight from A where the tier multiplies them,
+// else the float32 copy X of A's rows.
+struct Kernel {
+  GemmKnFn gemm = nullptr;
+  GemmKnBf16Fn pairs = nullptr;
+  const MatMulTensors* t = nullptr;
+  const float* X = nullptr;  // the float path: A's rows from x_m0 on, widened
+  int64_t x_m0 = 0;
+
+  void operator()(int64_t m0, int64_t M, int64_t k0, int64_t k1, int64_t n0, int64_t n1, float* Y, int64_t ldy) const {
+    const int64_t K = t->K, N = t->N;
+    if (pairs != nullptr) {
+      const auto* A = static_cast<const uint16_t*>(t->a);
+      pairs(static_cast<const uint16_t*>(t->b) + k0 * N, N, k1 - k0, n0, n1, A + m0 * K + k0, K, M, Y, ldy);
+    } else {
+      gemm(static_cast<const char*>(t->b) + size_t(k0 * N) * dtype_size(t->dtype), N, k1 - k0, n0, n1, X + (m0 - x_m0) * K + k0, K, M,
+           Y, ldy);
+    }
+  }
+};
+
 // Few tokens: partials over runs of rows, then their sum.
-void split_k(const MatMulTensors& t, GemmKnFn gemm, const float* X, const Parallel& par) {
+void split_k(const MatMulTensors& t, const Kernel& kernel, const Parallel& par) {
   const int64_t M = t.M, K = t.K, N = t.N;
   const int64_t rows = par.threads <= 1 ? K : rows_per_item(K, par.threads);
   const int64_t items = (K + rows - 1) / rows;
   Scratch<std::vector<float>> p_s;
   p_s->resize(size_t(items * M * N));
   float* P = p_s->data();
-  const auto* B = static_cast<const char*>(t.b);
-  const size_t es = dtype_size(t.dtype);
   par.for_each(size_t(items), [&](size_t i) {
     const int64_t k0 = int64_t(i) * rows, k1 = std::min(K, k0 + rows);
-    gemm(B + size_t(k0 * N) * es, N, k1 - k0, 0, N, X + k0, K, M, P + int64_t(i) * M * N, N);
+    kernel(0, M, k0, k1, 0, N, P + int64_t(i) * M * N, N);
   });
   const int64_t cols = columns_per_item(N, par.threads);
   maybe_parallel(par, (N + cols - 1) / cols, M * N * items, [&](size_t c) {
@@ -92,11 +112,18 @@ std::string matmul(const MatMulTensors& t, const KernelTier& tier, const Paralle
   const GemmKnFn gemm = tier.gemm_kn[int(t.dtype)];
   if (gemm == nullptr) return std::string("tier '") + tier.name + "' has no " + dtype_name(t.dtype) + " MatMul";
 
+  Kernel kernel;
+  kernel.t = &t;
+  kernel.gemm = gemm;
+  if (t.dtype == DType::BF16) kernel.pairs = tier.gemm_kn_bf16;
   Scratch<std::vector<float>> x_s, y_s;
   if (t.M <= kSplitKMaxTokens) {
-    x_s->resize(size_t(t.M * K));
-    widen_rows(t, 0, t.M, x_s->data(), par);
-    split_k(t, gemm, x_s->data(), par);
+    if (kernel.pairs == nullptr) {
+      x_s->resize(size_t(t.M * K));
+      widen_rows(t, 0, t.M, x_s->data(), par);
+      kernel.X = x_s->data();
+    }
+    split_k(t, kernel, par);
     return "";
   }
   const int64_t chunk = std::max<int64_t>(1, kScratchBudgetBytes / ((K + N) * 4));
@@ -104,14 +131,18 @@ std::string matmul(const MatMulTensors& t, const KernelTier& tier, const Paralle
   const int64_t items = (N + cols - 1) / cols;
   for (int64_t m0 = 0; m0 < t.M; m0 += chunk) {
     const int64_t M = std::min(chunk, t.M - m0);
-    x_s->resize(size_t(M * K));
     y_s->resize(size_t(M * N));
-    float* X = x_s->data();
     float* Y = y_s->data();
-    widen_rows(t, m0, M, X, par);
+    Kernel k = kernel;
+    if (k.pairs == nullptr) {
+      x_s->resize(size_t(M * K));
+      widen_rows(t, m0, M, x_s->data(), par);
+      k.X = x_s->data();
+      k.x_m0 = m0;
+    }
     par.for_each(size_t(items), [&](size_t i) {
       const int64_t n0 = int64_t(i) * cols, n1 = std::min(N, n0 + cols);
-      gemm(t.b, N, K, n0, n1, X, K, M, Y + n0, N);
+      k(m0, M, 0, K, n0, n1, Y + n0, N);
       for (int64_t m = 0; m < M; ++m)
         for (int64_t n = n0; n < n1; ++n) store_from_f32(t.y, (m0 + m) * N + n, t.dtype, Y[m * N + n]);
     });

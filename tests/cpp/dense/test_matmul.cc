@@ -132,3 +132,60 @@ TEST(matmul_rounds_once_to_t) {
     }
   }
 }
+
+TEST(gemm_kn_bf16_pairs_edges) {
+  // The tiers whose CPU multiplies bfloat16 pairs: odd K (a last row
+  // without a partner), every token count of a tile, column tails.
+  const int64_t N = 150;
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 150}, {0, 1}, {3, 20}, {16, 144}, {129, 150}};
+  int tested = 0;
+  for (const KernelTier* tier : tiers_here()) {
+    if (tier->gemm_kn_bf16 == nullptr) continue;
+    ++tested;
+    int bad = 0;
+    for (int64_t K : {1, 2, 3, 8, 9, 17, 100, 257}) {
+      const int64_t ldw = N + ht::randint(0, 9);
+      ht::Buf W = ht::random_buf(2, size_t(K * ldw), 1.0);
+      for (int64_t M : {1, 2, 5, 8, 9, 70}) {
+        const int64_t lda = K + 3;
+        ht::Buf A = ht::random_buf(2, size_t(M * lda), 2.0);
+        std::vector<uint8_t> Ap(A.raw);  // NaN beyond K in each row
+        for (int64_t m = 0; m < M; ++m) std::memset(&Ap[size_t(m * lda + K) * 2], 0xff, 6);
+        for (auto [n0, n1] : ranges) {
+          std::vector<uint8_t> Wp(W.raw.size());
+          ht::poison(Wp);
+          for (int64_t k = 0; k < K; ++k)
+            std::memcpy(&Wp[size_t(k * ldw + n0) * 2], &W.raw[size_t(k * ldw + n0) * 2], size_t(n1 - n0) * 2);
+          const int64_t ldy = (n1 - n0) + 2;
+          std::vector<float> Y(size_t(M * ldy));
+          std::memset(Y.data(), 0xff, Y.size() * 4);
+          tier->gemm_kn_bf16(reinterpret_cast<const uint16_t*>(Wp.data()), ldw, K, n0, n1,
+                             reinterpret_cast<const uint16_t*>(Ap.data()), lda, M, Y.data(), ldy);
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t c = 0; c < ldy; ++c) {
+              const float got = Y[m * ldy + c];
+              bool ok;
+              double want = 0, mag = 0;
+              if (n0 + c < n1) {
+                for (int64_t k = 0; k < K; ++k) {
+                  const double p = A.val[m * lda + k] * W.val[k * ldw + n0 + c];
+                  want += p;
+                  mag += std::fabs(p);
+                }
+                ok = std::fabs(double(got) - want) <= double(K + 2) * 1.2e-7 * mag + 1e-30;
+              } else {
+                ok = ht::fbits(got) == 0xffffffffu;
+              }
+              if (!ok && bad++ < 3)
+                ht::check(false, ht::fmt("%s K=%lld M=%lld n=[%lld,%lld) m=%lld col=%lld: got %.9g want %.9g",
+                                         tier->name, (long long)K, (long long)M, (long long)n0, (long long)n1,
+                                         (long long)m, (long long)c, got, want));
+            }
+        }
+      }
+    }
+    ht::check(bad == 0, ht::fmt("%s gemm_kn_bf16: %d wrong values", tier->name, bad));
+  }
+  // Where the CPU has AVX512-BF16 the avx512 tier must offer the kernel.
+  CHECK(tested > 0 || !avx512_bf16_unavailable_reason().empty());
+}
