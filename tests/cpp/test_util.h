@@ -186,6 +186,32 @@ inline void poison(std::vector<uint8_t>& v) { std::memset(v.data(), 0xff, v.size
 
 inline const char* dtype_str(int d) { return d == 0 ? "f32" : d == 1 ? "f16" : "bf16"; }
 
+// A GEMM's float output Y [M, ldy]: columns c < cols against ref(m, c) =
+// {exact sum, sum of |terms|} within float32 summation error of K terms, the
+// padding columns beyond untouched (0xff bytes). Reports the first 3 wrong
+// values with `what`; returns how many were wrong.
+template <class Ref>
+int check_gemm_output(const std::vector<float>& Y, int64_t M, int64_t ldy, int64_t cols, int64_t K, Ref&& ref,
+                      const std::string& what) {
+  int bad = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c = 0; c < ldy; ++c) {
+      const float got = Y[size_t(m * ldy + c)];
+      bool ok;
+      double want = 0;
+      if (c < cols) {
+        const auto [sum, mag] = ref(m, c);
+        want = sum;
+        ok = std::fabs(double(got) - sum) <= double(K + 2) * 1.2e-7 * mag + 1e-30;
+      } else {
+        ok = fbits(got) == 0xffffffffu;  // padding untouched
+      }
+      if (!ok && bad++ < 3)
+        check(false, fmt("%s m=%lld col=%lld: got %.9g want %.9g", what.c_str(), (long long)m, (long long)c, got, want));
+    }
+  return bad;
+}
+
 }  // namespace ht
 
 // CHECK(cond): one counted result. CHECK_MSG(cond, msg): msg is a stream

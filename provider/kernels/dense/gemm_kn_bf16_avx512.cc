@@ -1,7 +1,7 @@
 // gemm_kn for bfloat16 weights and tokens on AVX512-BF16 (tier.h's
 // GemmKnBf16Fn). The loops are gemm_kn_impl.h's (bands of rows across the
 // columns, register tiles of MR tokens x NV vectors); what differs is the
-// step: two rows at once. Columns j of rows k and k+1 are zero-extended
+// tile's step: two rows at once. Columns j of rows k and k+1 are zero-extended
 // into one 32-bit lane each and joined as the pair (w[k][j], w[k+1][j]);
 // each token broadcasts its own pair (a[m][k], a[m][k+1]), 32 bits that
 // lie side by side in A; vdpbf16ps adds both products to the float32
@@ -14,25 +14,22 @@
 #include "../vec_avx512.h"
 #include "gemm_kn.h"
 
-#define KN_INLINE HINAMOE_AVX512_INLINE
+// The shared loops get this file's target (AVX-512 with BF16).
+#define KN_INLINE HINAMOE_AVX512_BF16_INLINE
 #include "gemm_kn_impl.h"
 
 namespace hinamoe {
 namespace {
 
-using kn_impl::band_rows;
-using kn_impl::kMaxTokens;
 using kn_impl::kPrefetchBytes;
-using kn_impl::kTokenChunk;
-using kn_impl::vectors_for;
 
 HINAMOE_AVX512_BF16_INLINE __m512 bf16x16_as_f32(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
 
 template <int MR, int NV>
-HINAMOE_AVX512_BF16_INLINE void tile(const uint16_t* w, int64_t ldw, int64_t rows, const uint16_t* a, int64_t lda,
-                                     float* y, int64_t ldy, bool first) {
+HINAMOE_AVX512_BF16_INLINE void pair_tile(const uint16_t* w, int64_t ldw, int64_t rows, const uint16_t* a,
+                                          int64_t lda, float* y, int64_t ldy, bool first) {
   __m512 acc[MR][NV];
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m)
@@ -81,46 +78,22 @@ HINAMOE_AVX512_BF16_INLINE void tile(const uint16_t* w, int64_t ldw, int64_t row
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(y + m * ldy + v * 16, acc[m][v]);
 }
 
-template <int MR>
-HINAMOE_AVX512_BF16_INLINE void band(const uint16_t* w, int64_t ldw, int64_t rows, int64_t n0, int64_t n1,
-                                     const uint16_t* a, int64_t lda, float* y, int64_t ldy, bool first) {
-  constexpr int NV = vectors_for(MR);
-  int64_t c = n0;
-  for (; c + NV * 16 <= n1; c += NV * 16) tile<MR, NV>(w + c, ldw, rows, a, lda, y + (c - n0), ldy, first);
-  for (; c + 16 <= n1; c += 16) tile<MR, 1>(w + c, ldw, rows, a, lda, y + (c - n0), ldy, first);
-  for (; c < n1; ++c)
-    for (int m = 0; m < MR; ++m) {
-      float s = first ? 0.0f : y[m * ldy + (c - n0)];
-      for (int64_t k = 0; k < rows; ++k) s += bf16_to_f32(a[m * lda + k]) * bf16_to_f32(w[k * ldw + c]);
-      y[m * ldy + (c - n0)] = s;
-    }
-}
+struct PairTiles {
+  using WT = uint16_t;
+  using XT = uint16_t;
+  static constexpr int kLanes = 16;
+  template <int MR, int NV>
+  static HINAMOE_AVX512_BF16_INLINE void tile(const uint16_t* w, int64_t ldw, int64_t rows, const uint16_t* a,
+                                              int64_t lda, float* y, int64_t ldy, bool first) {
+    pair_tile<MR, NV>(w, ldw, rows, a, lda, y, ldy, first);
+  }
+  static float w_at(const uint16_t* w, int64_t i) { return bf16_to_f32(w[i]); }
+  static float x_at(const uint16_t* a, int64_t i) { return bf16_to_f32(a[i]); }
+};
 
 HINAMOE_AVX512_BF16_FN void gemm_kn_bf16(const uint16_t* W, int64_t ldw, int64_t K, int64_t n0, int64_t n1,
                                          const uint16_t* A, int64_t lda, int64_t M, float* Y, int64_t ldy) {
-  for (int64_t m0 = 0; m0 < M; m0 += kTokenChunk) {
-    const int64_t mc = std::min(kTokenChunk, M - m0);
-    const int64_t band_k = band_rows(M);
-    for (int64_t k0 = 0; k0 < K; k0 += band_k) {
-      const int64_t rows = std::min(band_k, K - k0);
-      const bool first = k0 == 0;
-      for (int64_t mb = m0; mb < m0 + mc; mb += kMaxTokens) {
-        const uint16_t* a = A + mb * lda + k0;
-        float* y = Y + mb * ldy;
-        const uint16_t* w = W + k0 * ldw;
-        switch (std::min<int64_t>(kMaxTokens, m0 + mc - mb)) {
-          case 1: band<1>(w, ldw, rows, n0, n1, a, lda, y, ldy, first); break;
-          case 2: band<2>(w, ldw, rows, n0, n1, a, lda, y, ldy, first); break;
-          case 3: band<3>(w, ldw, rows, n0, n1, a, lda, y, ldy, first); break;
-          case 4: band<4>(w, ldw, rows, n0, n1, a, lda, y, ldy, first); break;
-          case 5: band<5>(w, ldw, rows, n0, n1, a, lda, y, ldy, first); break;
-          case 6: band<6>(w, ldw, rows, n0, n1, a, lda, y, ldy, first); break;
-          case 7: band<7>(w, ldw, rows, n0, n1, a, lda, y, ldy, first); break;
-          default: band<8>(w, ldw, rows, n0, n1, a, lda, y, ldy, first); break;
-        }
-      }
-    }
-  }
+  kn_impl::gemm_kn_loops<PairTiles>(W, ldw, K, n0, n1, A, lda, M, Y, ldy);
 }
 
 }  // namespace

@@ -69,27 +69,47 @@ KN_INLINE void tile(const typename Elem<DT>::T* w, int64_t ldw, int64_t rows, co
     for (int v = 0; v < NV; ++v) V::storef(y + m * ldy + v * L, acc[m][v]);
 }
 
+// The loops below, for any kind of tile: Tiles has the weight and token
+// element types WT and XT, kLanes, tile<MR, NV>(w, ldw, rows, x, ldx, y,
+// ldy, first) (tile() above, or the bfloat16 pair tiles of
+// gemm_kn_bf16_avx512.cc) and w_at / x_at (one element as float, for the
+// columns left over).
+template <class V, DType DT>
+struct FloatTiles {
+  using WT = typename Elem<DT>::T;
+  using XT = float;
+  static constexpr int kLanes = V::kLanes;
+  template <int MR, int NV>
+  static KN_INLINE void tile(const WT* w, int64_t ldw, int64_t rows, const float* x, int64_t ldx, float* y,
+                             int64_t ldy, bool first) {
+    kn_impl::tile<V, DT, MR, NV>(w, ldw, rows, x, ldx, y, ldy, first);
+  }
+  static float w_at(const WT* w, int64_t i) { return load_as_f32(w, i, DT); }
+  static float x_at(const float* x, int64_t i) { return x[i]; }
+};
+
 // One band of `rows` weight rows over columns [n0, n1) for MR tokens: wide
 // tiles, then one vector at a time, then single columns.
-template <class V, DType DT, int MR>
-KN_INLINE void band(const typename Elem<DT>::T* w, int64_t ldw, int64_t rows, int64_t n0, int64_t n1, const float* x,
-                    int64_t ldx, float* y, int64_t ldy, bool first) {
-  constexpr int L = V::kLanes, NV = vectors_for(MR);
+template <class Tiles, int MR>
+KN_INLINE void band(const typename Tiles::WT* w, int64_t ldw, int64_t rows, int64_t n0, int64_t n1,
+                    const typename Tiles::XT* x, int64_t ldx, float* y, int64_t ldy, bool first) {
+  constexpr int L = Tiles::kLanes, NV = vectors_for(MR);
   int64_t c = n0;
-  for (; c + NV * L <= n1; c += NV * L) tile<V, DT, MR, NV>(w + c, ldw, rows, x, ldx, y + (c - n0), ldy, first);
-  for (; c + L <= n1; c += L) tile<V, DT, MR, 1>(w + c, ldw, rows, x, ldx, y + (c - n0), ldy, first);
+  for (; c + NV * L <= n1; c += NV * L)
+    Tiles::template tile<MR, NV>(w + c, ldw, rows, x, ldx, y + (c - n0), ldy, first);
+  for (; c + L <= n1; c += L) Tiles::template tile<MR, 1>(w + c, ldw, rows, x, ldx, y + (c - n0), ldy, first);
   for (; c < n1; ++c)
     for (int m = 0; m < MR; ++m) {
       float s = first ? 0.0f : y[m * ldy + (c - n0)];
-      for (int64_t k = 0; k < rows; ++k) s += x[m * ldx + k] * load_as_f32(w, k * ldw + c, DT);
+      for (int64_t k = 0; k < rows; ++k) s += Tiles::x_at(x, m * ldx + k) * Tiles::w_at(w, k * ldw + c);
       y[m * ldy + (c - n0)] = s;
     }
 }
 
-template <class V, DType DT>
-KN_INLINE void gemm_kn(const void* Wv, int64_t ldw, int64_t K, int64_t n0, int64_t n1, const float* X, int64_t ldx,
-                       int64_t M, float* Y, int64_t ldy) {
-  const auto* W = static_cast<const typename Elem<DT>::T*>(Wv);
+// gemm_kn over chunks of tokens, bands of rows and tiles of MR tokens.
+template <class Tiles>
+KN_INLINE void gemm_kn_loops(const typename Tiles::WT* W, int64_t ldw, int64_t K, int64_t n0, int64_t n1,
+                             const typename Tiles::XT* X, int64_t ldx, int64_t M, float* Y, int64_t ldy) {
   for (int64_t m0 = 0; m0 < M; m0 += kTokenChunk) {
     const int64_t mc = std::min(kTokenChunk, M - m0);
     const int64_t band_k = band_rows(M);
@@ -97,22 +117,28 @@ KN_INLINE void gemm_kn(const void* Wv, int64_t ldw, int64_t K, int64_t n0, int64
       const int64_t rows = std::min(band_k, K - k0);
       const bool first = k0 == 0;
       for (int64_t mb = m0; mb < m0 + mc; mb += kMaxTokens) {
-        const float* x = X + mb * ldx + k0;
+        const auto* x = X + mb * ldx + k0;
         float* y = Y + mb * ldy;
         const auto* w = W + k0 * ldw;
         switch (std::min<int64_t>(kMaxTokens, m0 + mc - mb)) {
-          case 1: band<V, DT, 1>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
-          case 2: band<V, DT, 2>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
-          case 3: band<V, DT, 3>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
-          case 4: band<V, DT, 4>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
-          case 5: band<V, DT, 5>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
-          case 6: band<V, DT, 6>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
-          case 7: band<V, DT, 7>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
-          default: band<V, DT, 8>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
+          case 1: band<Tiles, 1>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
+          case 2: band<Tiles, 2>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
+          case 3: band<Tiles, 3>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
+          case 4: band<Tiles, 4>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
+          case 5: band<Tiles, 5>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
+          case 6: band<Tiles, 6>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
+          case 7: band<Tiles, 7>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
+          default: band<Tiles, 8>(w, ldw, rows, n0, n1, x, ldx, y, ldy, first); break;
         }
       }
     }
   }
+}
+
+template <class V, DType DT>
+KN_INLINE void gemm_kn(const void* W, int64_t ldw, int64_t K, int64_t n0, int64_t n1, const float* X, int64_t ldx,
+                       int64_t M, float* Y, int64_t ldy) {
+  gemm_kn_loops<FloatTiles<V, DT>>(static_cast<const typename Elem<DT>::T*>(W), ldw, K, n0, n1, X, ldx, M, Y, ldy);
 }
 
 }  // namespace kn_impl

@@ -35,9 +35,12 @@ int64_t columns_per_item(int64_t N, int threads) {
   return std::max<int64_t>(64, (c + 63) / 64 * 64);
 }
 
-// Rows per item (split along K): 2 items per thread, multiples of 16.
-int64_t rows_per_item(int64_t K, int threads) {
-  const int64_t want = 2 * int64_t(threads);
+// Rows per item (split along K): 2 items per thread, multiples of 16, and
+// no more items than kScratchBudgetBytes of partials (M x N floats each;
+// an LM head's N is large) allow.
+int64_t rows_per_item(int64_t K, int64_t M, int64_t N, int threads) {
+  const int64_t fit = std::max<int64_t>(1, kScratchBudgetBytes / (M * N * 4));
+  const int64_t want = std::min<int64_t>(2 * int64_t(threads), fit);
   const int64_t r = (K + want - 1) / want;
   return std::max<int64_t>(16, (r + 15) / 16 * 16);
 }
@@ -76,7 +79,7 @@ struct Kernel {
 // Few tokens: partials over runs of rows, then their sum.
 void split_k(const MatMulTensors& t, const Kernel& kernel, const Parallel& par) {
   const int64_t M = t.M, K = t.K, N = t.N;
-  const int64_t rows = par.threads <= 1 ? K : rows_per_item(K, par.threads);
+  const int64_t rows = par.threads <= 1 ? K : rows_per_item(K, M, N, par.threads);
   const int64_t items = (K + rows - 1) / rows;
   Scratch<std::vector<float>> p_s;
   p_s->resize(size_t(items * M * N));
