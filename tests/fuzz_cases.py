@@ -797,11 +797,90 @@ def run_mmnb_case(c) -> str:
     return "ok"
 
 
+# ------------------------------------------------------------------ MatMul (float16, bfloat16)
+
+MATMUL_VALUES = ("normal", "normal", "normal", "nan_a", "inf_a", "denormal_a")
+# Half an ulp of T: the one rounding of the float32 sum.
+MATMUL_HALF_ULP = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+# ... and half the spacing of T's subnormals, where Y rounds to one.
+MATMUL_TINY = {"float16": 2.0 ** -25, "bfloat16": 2.0 ** -134}
+
+
+def gen_matmul(rng) -> dict:
+    c = _common(rng)
+    c.update(dtype=_pick(rng, ("float16", "bfloat16")), k=int(rng.integers(1, 300)), n=int(rng.integers(1, 300)),
+             tokens=int(_pick(rng, (0, 1, 2, 5, 8, 9, 33, 70))), a_rank=int(_pick(rng, (1, 2, 3, 3))),
+             values=_pick(rng, MATMUL_VALUES), weight_input=bool(rng.random() < 0.2))
+    if c["a_rank"] == 1:
+        c["tokens"] = 1
+    c["malformed"] = "k_mismatch" if rng.random() < 0.1 else None
+    return c
+
+
+def run_matmul_case(c) -> str:
+    from hinamoe.models import build_matmul_model
+    from hinamoe.models.moe_layer import _ortvalue
+
+    rng = np.random.default_rng(c["seed"])
+    K, N, t = c["k"], c["n"], c["tokens"]
+    model, w = build_matmul_model(K, N, c["dtype"], rng, a_rank=c["a_rank"], weight_input=c["weight_input"])
+    dt = np_dtype(c["dtype"])
+    shape = {1: (K,), 2: (t, K), 3: (1, t, K)}[c["a_rank"]]
+    what = f"matmul case {c}"
+    if c["malformed"] == "k_mismatch":
+        model.graph.input[0].type.tensor_type.shape.dim[-1].dim_param = "k"
+        shape = shape[:-1] + (K + 1,)
+    a = rng.standard_normal(shape).astype(dt)
+    flat = a.reshape(-1, shape[-1])
+    kind = c["values"]
+    if t > 0 and kind != "normal":
+        flat[int(rng.integers(flat.shape[0])), int(rng.integers(K))] = _special(kind[:-2], c["dtype"])
+
+    def hina():
+        sess = hina_session(model, isa=c["isa"], threads=c["threads"], extra_options=_session_options(c))
+        binding = sess.io_binding()
+        keep = [_ortvalue(a)]
+        binding.bind_ortvalue_input("A", keep[0])
+        if c["weight_input"]:
+            keep.append(_ortvalue(w))
+            binding.bind_ortvalue_input("W", keep[1])
+        y = np.full(shape[:-1] + (N,), np.nan, dtype=dt)  # poisoned
+        keep.append(_ortvalue(y))
+        binding.bind_ortvalue_output("Y", keep[-1])
+        sess.run_with_iobinding(binding)
+        return y
+
+    got, err = _run(hina)
+    if c["malformed"]:
+        assert err is not None, f"{what}: A of the wrong width accepted"
+        assert "MatMul" in err and "'A'" in err, f"{what}: the error does not say why: {err}"
+        return "refused: " + err[-120:]
+    assert err is None, f"{what}: HinaMoE refused: {err}"
+    if t == 0:
+        assert got.shape == shape[:-1] + (N,)
+        return "ok (empty)"
+    a64, w64 = flat.astype(np.float64), w.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = a64 @ w64
+    g = got.astype(np.float64).reshape(-1, N)
+    if kind in ("nan_a", "inf_a"):
+        finite = np.isfinite(a64).all(1)
+        assert (~np.isfinite(g[~finite])).all(), f"{what}: a non-finite input gave a finite output"
+        g, want, a64 = g[finite], want[finite], a64[finite]
+        if not len(g):
+            return "ok (non-finite)"
+    mag = np.abs(a64) @ np.abs(w64)
+    allowed = MATMUL_HALF_ULP[c["dtype"]] * np.abs(want) + (K + 2) * 1.2e-7 * mag + MATMUL_TINY[c["dtype"]]
+    err_ = np.abs(g - want)
+    assert np.isfinite(g).all() and (err_ <= allowed).all(), f"{what}: max error {err_.max():.3g}"
+    return "ok"
+
+
 # ------------------------------------------------------------------ registry
 
 # op -> (generator, runner)
 OPS = {"moe": (gen_moe, run_moe_case), "gqa": (gen_gqa, run_gqa_case), "qmoe": (gen_qmoe, run_qmoe_case),
-       "mmnb": (gen_mmnb, run_mmnb_case)}
+       "mmnb": (gen_mmnb, run_mmnb_case), "matmul": (gen_matmul, run_matmul_case)}
 
 
 def generate(op: str, rng) -> dict:

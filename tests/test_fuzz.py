@@ -1,4 +1,5 @@
-"""The fuzzer (fuzz_cases.py: random MoE, QMoE and GroupQueryAttention nodes and
+"""The fuzzer (fuzz_cases.py: random MoE, QMoE, GroupQueryAttention, MatMulNBits
+and 16-bit MatMul nodes and
 extreme values, every tier, against the CPU EP / float64 reference / the
 ref tier), run in worker subprocesses (fuzz_worker.py) so that a crash or a
 hang is a reported failure with the case's replay command.
@@ -34,7 +35,8 @@ def test_fuzz_ci_slice(tmp_path):
     rng = np.random.default_rng(CI_SEED)
     cases = [fuzz_cases.generate("gqa", rng) for _ in range(500)] + \
             [fuzz_cases.generate("moe", rng) for _ in range(150)] + \
-            [fuzz_cases.generate("qmoe", rng) for _ in range(200)]
+            [fuzz_cases.generate("qmoe", rng) for _ in range(200)] + \
+            [fuzz_cases.generate("matmul", rng) for _ in range(100)]
     failures, counts = run_batch(cases, tmp_path)
     _check(failures, counts, "fuzz CI slice")
     assert counts.get("ok", 0) > 550, counts  # most cases ran and were compared

@@ -126,7 +126,7 @@ OrtStatus* ORT_API_CALL HinaEp::GetCapabilityImpl(OrtEp* this_ptr, const OrtGrap
   for (const Ort::ConstNode& node : g.GetNodes()) {
     std::string why_not;
     if (node.GetDomain().empty() && node.GetOperatorType() == "MatMul") {
-      if (!matmul_is_16_bit(node)) continue;  // float32 and integer MatMuls are not HinaMoE's op
+      if (!matmul_is_dense_16_bit(node)) continue;  // float32, integer, batched: not HinaMoE's op
       why_not = matmul_unsupported_reason(node);
     } else if (node.GetDomain() != "com.microsoft") {
       continue;

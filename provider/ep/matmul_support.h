@@ -1,7 +1,8 @@
-// GetCapability's verdict on an ONNX MatMul node. HinaMoE takes MatMul only
-// at 16-bit float widths (float16, bfloat16), where B is a weight of rank 2:
-// the dense linears of a decoder layer stored at that width. Other MatMuls
-// are not HinaMoE's op at all (the CPU EP runs them; strict mode ignores them).
+// GetCapability's verdict on an ONNX MatMul node. HinaMoE's MatMul is the
+// dense linear of a 16-bit model: float16 or bfloat16, B of rank 2 (a
+// weight [K, N]). Other MatMuls (float32, integers, batched products such
+// as attention scores) are not HinaMoE's op at all: the CPU EP runs them
+// and strict mode ignores them.
 #pragma once
 
 #include <string>
@@ -10,8 +11,8 @@
 
 namespace hinamoe_ep {
 
-// True for a MatMul whose A or B is float16 or bfloat16.
-bool matmul_is_16_bit(const Ort::ConstNode& node);
+// True for a MatMul whose A or B is float16 or bfloat16 and whose B has rank 2.
+bool matmul_is_dense_16_bit(const Ort::ConstNode& node);
 
 // Empty when HinaMoE runs the node; otherwise why it leaves it to another EP.
 std::string matmul_unsupported_reason(const Ort::ConstNode& node);

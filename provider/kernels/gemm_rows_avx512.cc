@@ -2,26 +2,18 @@
 // (gemm_rows_avx2.cc) on zmm registers: 16 lanes, 32 registers, so more
 // rows x tokens per micro-tile, and one masked step for the K tail. Weights
 // are read in place and widened exactly to float32 (f16 via vcvtph2ps, bf16
-// via zero-extend + shift); the tokens stay float32, as on the other tiers.
+// via zero-extend + shift); the tokens stay float32, as on the other tiers,
+// except in the bf16 pair kernels (AVX512-BF16: bf16 tokens).
 //
 // Only the functions below carry the target attribute; the file itself is
 // built for baseline x86-64, so no header inline function gets an AVX-512
 // body that the linker could hand to code running on an older CPU.
-//
-// GCC 12 warns about the self-initialised _mm512_undefined_*() inside some
-// AVX-512 intrinsics once they are inlined into target functions (a false
-// positive in the header, not about this file's variables).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "vec_avx512.h"  // first: <immintrin.h> without GCC 12's false warnings
 
 #include <algorithm>
 
 #include "dense/gemm_kn.h"
 #include "aligned_buffer.h"
-#include "avx512_hsum.h"
 #include "gemm_rows_tiling.h"
 #include "isa_target.h"
 #include "tier.h"
@@ -101,6 +93,23 @@ template <class E, int R, int64_t StepElems>
 using TierPrefetch = WeightPrefetch<E, R, StepElems, HINAMOE_AVX512_PF_DIST, HINAMOE_AVX512_PF_HINT,
                                  HINAMOE_AVX512_LIN_MAX>;
 
+// Per token: the R row sums of the tile as one vector, one (masked) store
+// into y[t*ldy + r] (added to what is there when `accumulate`).
+template <int R, int T>
+HINAMOE_AVX512_INLINE void store_row_sums(__m512 (&acc)[R][T], float* y, int64_t ldy, bool accumulate) {
+  constexpr __mmask16 rows_mask = __mmask16((1u << R) - 1);
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    __m512 col[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) col[r] = acc[r][t];
+    __m512 s = avx512::hsum_lanes<R>(col);
+    float* yp = y + t * ldy;
+    if (accumulate) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(rows_mask, yp));
+    _mm512_mask_storeu_ps(yp, rows_mask, s);
+  }
+}
+
 // R weight rows x T tokens over the whole K:
 // y[t*ldy + r] (+)= dot(w row r, x row t) over K elements; rows are ldw apart.
 template <DType DT, int R, int T>
@@ -121,18 +130,7 @@ HINAMOE_AVX512_FN void micro(const typename Elem<DT>::T* w, int64_t K, int64_t l
   // The tail: masked loads read only the K % 16 elements left (the lanes
   // beyond are zero in both operands).
   if (K16 < K) step<DT, R, T, true>(w + K16, ldw, x + K16, ldx, __mmask16((1u << (K - K16)) - 1), acc);
-  // Per token: the R row sums as one vector, one (masked) store.
-  constexpr __mmask16 rows_mask = __mmask16((1u << R) - 1);
-#pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) {
-    __m512 col[R];
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) col[r] = acc[r][t];
-    __m512 s = avx512::hsum_lanes<R>(col);
-    float* yp = y + t * ldy;
-    if (accumulate) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(rows_mask, yp));
-    _mm512_mask_storeu_ps(yp, rows_mask, s);
-  }
+  store_row_sums<R, T>(acc, y, ldy, accumulate);
 }
 
 // Rows per micro-kernel call for a token tile of T, within the 32 zmm
@@ -297,17 +295,7 @@ HINAMOE_AVX512_BF16_FN void micro_pairs(const uint16_t* w, int64_t K, int64_t ld
     step_pairs<R, T, false>(w + k, ldw, x + k, ldx, 0, acc);
   }
   if (K32 < K) step_pairs<R, T, true>(w + K32, ldw, x + K32, ldx, __mmask32((uint64_t(1) << (K - K32)) - 1), acc);
-  constexpr __mmask16 rows_mask = __mmask16((1u << R) - 1);
-#pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) {
-    __m512 col[R];
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) col[r] = acc[r][t];
-    __m512 s = avx512::hsum_lanes<R>(col);
-    float* yp = y + t * ldy;
-    if (accumulate) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(rows_mask, yp));
-    _mm512_mask_storeu_ps(yp, rows_mask, s);
-  }
+  store_row_sums<R, T>(acc, y, ldy, accumulate);
 }
 
 template <int T>

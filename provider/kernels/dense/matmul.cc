@@ -1,5 +1,6 @@
 // MatMul on gemm_kn. A's rows are widened to float32 once per call (a
-// chunk of rows at a time, bounding the copy). B [K, N] is contiguous along
+// chunk of rows at a time, bounding the copy), except where the tier
+// multiplies bfloat16 pairs straight from A. B [K, N] is contiguous along
 // N, so how the threads share it decides how it streams:
 // * few tokens (decode, memory-bound): split along K. Each item takes a
 //   run of whole rows -- one contiguous block of B, read front to back --
@@ -21,7 +22,8 @@ namespace {
 
 using namespace detail;
 
-// Token rows widened at once (float copies of A and Y).
+// Bounds the float copies of A and Y a chunk of tokens takes, and the
+// partials of a split along K.
 constexpr int64_t kScratchBudgetBytes = int64_t(64) << 20;
 // Up to this many tokens the rows of B are split over the threads.
 constexpr int64_t kSplitKMaxTokens = 8;

@@ -3,21 +3,12 @@
 // between, and the helpers more than one of them uses.
 #pragma once
 
-// GCC 12 warns about the self-initialised _mm512_undefined_*() inside some
-// AVX-512 intrinsics once inlined (a false positive in the header; see
-// gemm_rows_avx512.cc).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
-#include "../avx512_hsum.h"
 #include "../isa_target.h"
+#include "../vec_avx512.h"
 #include "qgemm_avx2_common.h"
 #include "qmoe_ffn.h"
 
@@ -82,7 +73,7 @@ HINAMOE_AVX512_INLINE __m128 scales2(const QWeight& w, int64_t n, int64_t b) {
 }
 
 // out[r*T + t] = the sum of the lanes of v[r][t], 16 sums per transposing
-// tree (avx512_hsum.h) instead of one reduction each.
+// tree (vec_avx512.h) instead of one reduction each.
 template <int R, int T>
 HINAMOE_AVX512_INLINE void lane_sums(const __m512 (&v)[R][T], float* out) {
   constexpr int N = R * T;
