@@ -7,12 +7,7 @@
 #include "moe_ffn.h"
 #include "test_util.h"
 #include "tier.h"
-
-inline std::vector<const hinamoe::KernelTier*> tiers_here() {
-  std::vector<const hinamoe::KernelTier*> v;
-  for (const std::string& n : hinamoe::supported_tiers()) v.push_back(hinamoe::select_tier(n, nullptr));
-  return v;
-}
+#include "tiers_here.h"
 
 // A small float32 MoE (relu, k = 2, no biases) with random inputs and
 // weights; `t` points at them and at `out`.

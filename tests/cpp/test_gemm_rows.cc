@@ -6,21 +6,9 @@
 
 #include "test_util.h"
 #include "tier.h"
+#include "tiers_here.h"
 
 using namespace hinamoe;
-
-namespace {
-
-std::vector<const KernelTier*> tiers_here() {
-  std::vector<const KernelTier*> v;
-  for (const std::string& n : supported_tiers()) {
-    std::string err;
-    v.push_back(select_tier(n, &err));
-  }
-  return v;
-}
-
-}  // namespace
 
 TEST(gemm_rows_edges) {
   const int64_t N = 29;

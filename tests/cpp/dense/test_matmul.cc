@@ -9,21 +9,9 @@
 #include "test_util.h"
 #include "thread_pool.h"
 #include "tier.h"
+#include "tiers_here.h"
 
 using namespace hinamoe;
-
-namespace {
-
-std::vector<const KernelTier*> tiers_here() {
-  std::vector<const KernelTier*> v;
-  for (const std::string& n : supported_tiers()) {
-    std::string err;
-    v.push_back(select_tier(n, &err));
-  }
-  return v;
-}
-
-}  // namespace
 
 TEST(gemm_kn_edges) {
   const int64_t N = 150;  // wide tiles (up to 128 columns), single vectors, single columns
