@@ -278,9 +278,10 @@ def _check_decode_result(res, rounds):
 
 def test_bf16_copy_of_a_builder_model(genai_models, tmp_path, rng):
     """hinamoe.export.convert on the builder's fp32 folder: its MoE experts
-    become bf16 (nothing else changes), the copy runs on HinaMoE with every
-    MoE there, its prompt logits within bf16 rounding of the fp32 original
-    on the CPU EP, and hina-bench decode runs it against that original."""
+    and dense linears become bf16 (nothing else changes), the copy runs on
+    HinaMoE with every MoE and bf16 MatMul there, its prompt logits within
+    bf16 rounding of the fp32 original on the CPU EP, and hina-bench decode
+    runs it against that original."""
     from hinamoe.bench.cli import main
     from hinamoe.export.convert import convert
 
@@ -288,7 +289,8 @@ def test_bf16_copy_of_a_builder_model(genai_models, tmp_path, rng):
     dst = tmp_path / "bf16"
     rep = convert(src, dst, "bf16")
     nodes = graph_nodes(src)
-    assert len(rep.fused) == sum(op == "MoE" for op in nodes.values()) > 0
+    assert sum(site["op"] == "MoE" for site in rep.fused) == sum(op == "MoE" for op in nodes.values()) > 0
+    assert any(site["op"] == "MatMul" for site in rep.fused)  # the projections and LM head
     assert graph_nodes(dst) == nodes
     assert json.loads((dst / "genai_config.json").read_text()) == json.loads((src / "genai_config.json").read_text())
     m = onnx.load(str(dst / "model.onnx"))
@@ -297,6 +299,9 @@ def test_bf16_copy_of_a_builder_model(genai_models, tmp_path, rng):
         if n.op_type == "MoE":
             for name in (n.input[2], n.input[4]):
                 assert inits[name].data_type == onnx.TensorProto.BFLOAT16, name
+    bf16_matmuls = [n.name for n in m.graph.node if n.op_type == "MatMul" and n.input[1] in inits
+                    and inits[n.input[1]].data_type == onnx.TensorProto.BFLOAT16]
+    assert bf16_matmuls
 
     prompt = rng.integers(0, 256, size=int(rng.integers(7, 12)))
     _, want = greedy(cpu_model(src), prompt, 2)
@@ -309,6 +314,7 @@ def test_bf16_copy_of_a_builder_model(genai_models, tmp_path, rng):
     assert np.abs(got[0].astype(np.float64) - want[0]).max() <= 4e-2 * scale
     ran = hinamoe.genai.profile_providers(glob.glob(prefix + "*.json")[0])
     assert all(ran[name][1] == "HinaMoE" for name, op in nodes.items() if op in ("MoE", "GroupQueryAttention"))
+    assert all(ran[name][1] == "HinaMoE" for name in bf16_matmuls), ran
 
     out = tmp_path / "decode.json"
     assert main(["decode", str(dst), "--cpu-model", str(src), "--prompt", "9", "--new-tokens", "5",
