@@ -21,32 +21,12 @@ from export_fixtures import ARCHS
 og = pytest.importorskip("onnxruntime_genai")
 
 import hinamoe.genai  # noqa: E402
+from genai_support import cpu_model, greedy  # noqa: E402
 from hinamoe.serve.model_folder import read_model_folder  # noqa: E402
 
 NEW_TOKENS = 10
 ATOL = RTOL = 2e-4  # fp32 both sides; summation order only
 HINAMOE_OPS = ("MoE", "QMoE", "GroupQueryAttention", "MatMulNBits")
-
-
-def greedy(model, prompt: np.ndarray, new_tokens: int):
-    params = og.GeneratorParams(model)
-    total = prompt.size + new_tokens
-    params.set_search_options(max_length=total, min_length=total, do_sample=False)
-    gen = og.Generator(model, params)
-    gen.append_tokens(prompt[None, :].astype(np.int32))
-    tokens, logits = [], []
-    while not gen.is_done():
-        gen.generate_next_token()
-        logits.append(np.array(gen.get_output("logits"), dtype=np.float64)[0, -1].copy())
-        tokens.append(int(gen.get_next_tokens()[0]))
-    del gen
-    return tokens, logits
-
-
-def cpu_model(folder):
-    cfg = og.Config(str(folder))
-    cfg.clear_providers()
-    return og.Model(cfg)
 
 
 def test_genai_config_describes_the_export(tiny_export):
@@ -90,7 +70,7 @@ def test_genai_greedy_on_hinamoe_matches_pytorch(arch, tiny_export, rng, tmp_pat
     assert got == cpu_tokens, f"{arch}: genai on HinaMoE {got} vs on the CPU EP {cpu_tokens}"
     for step in range(NEW_TOKENS):
         g, w = got_logits[step], cpu_logits[step]
-        err = np.abs(g - w)
+        err = np.abs(g.astype(np.float64) - w)
         assert np.all(err <= ATOL + RTOL * np.abs(w)), f"{arch} step {step}: max error {err.max():.3g}"
 
     [profile] = glob.glob(prefix + "*.json")
@@ -118,7 +98,7 @@ def test_genai_greedy_int4_export_matches_cpu_ep(tiny_export, rng, monkeypatch):
     # Logits are compared up to the first differing token (a near tie can
     # flip it; after that the sequences differ).
     for step in range(min(first + 1, NEW_TOKENS)):
-        err = np.abs(got_logits[step] - want_logits[step])
+        err = np.abs(got_logits[step].astype(np.float64) - want_logits[step])
         assert np.all(err <= atol), f"step {step}: max error {err.max():.3g} (atol {atol:.3g})"
     assert first >= NEW_TOKENS // 2, f"HinaMoE {got} vs CPU EP {want}"
 

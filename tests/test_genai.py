@@ -28,6 +28,7 @@ if int(transformers.__version__.split(".")[0]) < 5:
 import onnx  # noqa: E402
 
 import hinamoe.genai  # noqa: E402
+from genai_support import cpu_model, greedy  # noqa: E402
 from hinamoe.models import hf_tiny  # noqa: E402
 
 ATTENTION_AND_EXPERTS = ("MoE", "QMoE", "GroupQueryAttention")
@@ -88,28 +89,6 @@ def genai_models(tmp_path_factory):
         return built[(arch, precision)]
 
     return get
-
-
-def cpu_model(path: Path):
-    cfg = og.Config(str(path))
-    cfg.clear_providers()  # no provider appended: genai runs the CPU EP
-    return og.Model(cfg)
-
-
-def greedy(model, prompt: np.ndarray, new_tokens: int):
-    """Greedy tokens and the logits of every step (prompt step's last row first)."""
-    params = og.GeneratorParams(model)
-    total = prompt.size + new_tokens
-    params.set_search_options(max_length=total, min_length=total, do_sample=False)
-    gen = og.Generator(model, params)
-    gen.append_tokens(prompt[None, :].astype(np.int32))
-    tokens, logits = [], []
-    while not gen.is_done():
-        gen.generate_next_token()
-        logits.append(np.array(gen.get_output("logits"), dtype=np.float32)[0, -1].copy())
-        tokens.append(int(gen.get_next_tokens()[0]))
-    del gen
-    return tokens, logits
 
 
 def graph_nodes(path: Path) -> dict[str, str]:
