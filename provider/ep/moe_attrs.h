@@ -6,7 +6,7 @@
 #include <string>
 
 #include "attr_sources.h"
-#include "kernels/moe_ffn.h"
+#include "kernels/moe/moe_ffn.h"
 
 namespace hinamoe_ep {
 

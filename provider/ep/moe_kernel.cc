@@ -5,7 +5,7 @@
 
 #include "ep.h"
 #include "kernel_base.h"
-#include "kernels/moe_ffn.h"
+#include "kernels/moe/moe_ffn.h"
 #include "kernels/numa/plan_cache.h"
 #include "moe_attrs.h"
 

@@ -16,7 +16,7 @@
 #include "fma_peak.h"
 #include "amx/tile_peak.h"
 #include "gqa/gqa.h"
-#include "moe_ffn.h"
+#include "moe/moe_ffn.h"
 #include "numa/topology.h"
 #include "thread_pool.h"
 

@@ -4,7 +4,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
+
+#include "tuning.h"
 
 namespace hinamoe {
 
@@ -30,5 +33,17 @@ struct Parallel {
 
 // A Parallel that runs everything on the calling thread.
 inline Parallel serial() { return Parallel{}; }
+
+// f(i) for i in [0, n): on the pool when the phase touches at least
+// tuning::kParallelMinElems elements, else on the calling thread (a parallel
+// phase costs a few us).
+template <class F>
+void maybe_parallel(const Parallel& par, int64_t n, int64_t elems, F&& f) {
+  if (elems < tuning::kParallelMinElems || par.threads <= 1) {
+    for (int64_t i = 0; i < n; ++i) f(size_t(i));
+  } else {
+    par.for_each(size_t(n), f);
+  }
+}
 
 }  // namespace hinamoe

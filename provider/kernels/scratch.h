@@ -9,12 +9,21 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
 namespace hinamoe {
 
 constexpr size_t kScratchKeepBytes = size_t(256) << 20;
+
+// Row stride for float scratch: a multiple of 16 floats, nudged off multiples
+// of 2 KiB so the rows of a token tile do not share L1 sets (docs/kernels.md).
+inline int64_t padded_ld(int64_t n) {
+  int64_t ld = (n + 15) / 16 * 16;
+  if (ld % 512 == 0) ld += 16;
+  return ld;
+}
 
 // Bytes a pooled object holds on the heap: a vector's capacity; other types
 // (the QMoE driver's per-operand buffers) define heap_bytes themselves.

@@ -1,7 +1,9 @@
-// A kernel tier: the ISA-specific micro-kernels, as a table of function
-// pointers filled once (tinyBLAS style). The MoE driver is tier-agnostic.
+// A kernel tier: every op's ISA-specific kernels for one ISA level, as one
+// table of function pointers filled once (tiers.cc, tinyBLAS style). The
+// drivers (moe/, qmoe/, dense/, gqa/) are tier-agnostic.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -45,7 +47,13 @@ using GemmRowsBf16Fn = void (*)(const uint16_t* W, int64_t K, int64_t n0, int64_
 using GemmKnBf16Fn = void (*)(const uint16_t* W, int64_t ldw, int64_t K, int64_t n0, int64_t n1,
                               const uint16_t* A, int64_t lda, int64_t M, float* Y, int64_t ldy);
 
+// One kernel per element type, indexed by int(DType).
+template <class Fn>
+using PerDType = std::array<Fn, kNumDTypes>;
+
 struct MoEAttrs;
+struct QuantKernels;
+struct GqaTier;
 namespace numa {
 struct SegmentTable;
 }  // namespace numa
@@ -80,15 +88,18 @@ struct ExpertBlockKernels {
 
 struct KernelTier {
   const char* name = "";
-  GemmRowsFn gemm_rows[kNumDTypes] = {};  // indexed by DType
-  GemmRowsStridedFn gemm_rows_strided[kNumDTypes] = {};  // same math, any row stride
-  GemmKnFn gemm_kn[kNumDTypes] = {};  // the dense MatMul's [K, N] weights
+  PerDType<GemmRowsFn> gemm_rows{};                // MoE experts: [N, K] weight rows
+  PerDType<GemmRowsStridedFn> gemm_rows_strided{};  // same math, any row stride (NUMA)
+  PerDType<GemmKnFn> gemm_kn{};                    // the dense MatMul's [K, N] weights
   // Where the CPU multiplies bfloat16 pairs (AVX512-BF16): the bf16 MoE
   // experts with several tokens each, and the bf16 dense MatMul.
   GemmRowsBf16Fn gemm_rows_bf16 = nullptr;
   GemmKnBf16Fn gemm_kn_bf16 = nullptr;
   // When set, bf16 weights go through these instead of gemm_rows.
   const ExpertBlockKernels* bf16_blocks = nullptr;
+  const QuantKernels* quant = nullptr;  // QMoE and MatMulNBits (qmoe/qmoe_ffn.h)
+  const GqaTier* gqa = nullptr;         // GroupQueryAttention (gqa/gqa.h)
+  const GqaTier* gqa_tiles = nullptr;   // amx only: the tile GQA kernel, run where asked for by name
 };
 
 // Tiers compiled into this build.

@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#include "../activation.h"
+#include "../moe/activation.h"
 #include "../dtype.h"
-#include "../moe_ffn.h"
+#include "../moe/moe_ffn.h"
 
 namespace hinamoe {
 namespace amx {

@@ -18,7 +18,7 @@
 #include <cstdint>
 
 #include "../dtype.h"
-#include "../moe_ffn.h"
+#include "../moe/moe_ffn.h"
 #include "../numa/segment_table.h"
 #include "amx_layout.h"
 

@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "../activation.h"
+#include "../moe/activation.h"
 #include "../numa/segment_table.h"
 #include "amx_layout.h"
 #include "block_epilogue.h"

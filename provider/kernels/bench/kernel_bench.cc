@@ -30,7 +30,7 @@
 #include "bandwidth.h"
 #include "fma_peak.h"
 #include "bench/bench_util.h"
-#include "moe_ffn.h"
+#include "moe/moe_ffn.h"
 #include "numa/plan_cache.h"
 #include "numa/topology.h"
 #include "thread_pool.h"

@@ -5,9 +5,9 @@
 
 namespace hinamoe {
 
-void fill_gemm_kn_ref(GemmKnFn (&out)[kNumDTypes]);
-void fill_gemm_kn_avx2(GemmKnFn (&out)[kNumDTypes]);
-void fill_gemm_kn_avx512(GemmKnFn (&out)[kNumDTypes]);
+PerDType<GemmKnFn> gemm_kn_ref_kernels();
+PerDType<GemmKnFn> gemm_kn_avx2_kernels();
+PerDType<GemmKnFn> gemm_kn_avx512_kernels();
 // nullptr where the CPU lacks AVX512-BF16.
 GemmKnBf16Fn gemm_kn_bf16_avx512();
 

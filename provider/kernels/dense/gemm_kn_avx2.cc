@@ -17,10 +17,8 @@ HINAMOE_AVX2_FN void gemm_kn_avx2(const void* W, int64_t ldw, int64_t K, int64_t
 
 }  // namespace
 
-void fill_gemm_kn_avx2(GemmKnFn (&out)[kNumDTypes]) {
-  out[int(DType::F32)] = gemm_kn_avx2<DType::F32>;
-  out[int(DType::F16)] = gemm_kn_avx2<DType::F16>;
-  out[int(DType::BF16)] = gemm_kn_avx2<DType::BF16>;
+PerDType<GemmKnFn> gemm_kn_avx2_kernels() {
+  return {gemm_kn_avx2<DType::F32>, gemm_kn_avx2<DType::F16>, gemm_kn_avx2<DType::BF16>};
 }
 
 }  // namespace hinamoe

@@ -17,10 +17,8 @@ HINAMOE_AVX512_FN void gemm_kn_avx512(const void* W, int64_t ldw, int64_t K, int
 
 }  // namespace
 
-void fill_gemm_kn_avx512(GemmKnFn (&out)[kNumDTypes]) {
-  out[int(DType::F32)] = gemm_kn_avx512<DType::F32>;
-  out[int(DType::F16)] = gemm_kn_avx512<DType::F16>;
-  out[int(DType::BF16)] = gemm_kn_avx512<DType::BF16>;
+PerDType<GemmKnFn> gemm_kn_avx512_kernels() {
+  return {gemm_kn_avx512<DType::F32>, gemm_kn_avx512<DType::F16>, gemm_kn_avx512<DType::BF16>};
 }
 
 }  // namespace hinamoe

@@ -18,10 +18,8 @@ void gemm_kn_ref(const void* W, int64_t ldw, int64_t K, int64_t n0, int64_t n1, 
 
 }  // namespace
 
-void fill_gemm_kn_ref(GemmKnFn (&out)[kNumDTypes]) {
-  out[int(DType::F32)] = gemm_kn_ref<DType::F32>;
-  out[int(DType::F16)] = gemm_kn_ref<DType::F16>;
-  out[int(DType::BF16)] = gemm_kn_ref<DType::BF16>;
+PerDType<GemmKnFn> gemm_kn_ref_kernels() {
+  return {gemm_kn_ref<DType::F32>, gemm_kn_ref<DType::F16>, gemm_kn_ref<DType::BF16>};
 }
 
 }  // namespace hinamoe

@@ -14,19 +14,14 @@
 #include <algorithm>
 #include <vector>
 
-#include "../moe_work.h"
+#include "../parallel.h"
 #include "../scratch.h"
+#include "../tuning.h"
 
 namespace hinamoe {
 namespace {
 
 using namespace detail;
-
-// Bounds the float copies of A and Y a chunk of tokens takes, and the
-// partials of a split along K.
-constexpr int64_t kScratchBudgetBytes = int64_t(64) << 20;
-// Up to this many tokens the rows of B are split over the threads.
-constexpr int64_t kSplitKMaxTokens = 8;
 
 // Columns per item (split along N): multiples of 64 (two cache lines of a
 // 16-bit row), about 4 items per thread (claimed dynamically).
@@ -38,10 +33,10 @@ int64_t columns_per_item(int64_t N, int threads) {
 }
 
 // Rows per item (split along K): 2 items per thread, multiples of 16, and
-// no more items than kScratchBudgetBytes of partials (M x N floats each;
+// no more items than tuning::kDenseScratchBytes of partials (M x N floats each;
 // an LM head's N is large) allow.
 int64_t rows_per_item(int64_t K, int64_t M, int64_t N, int threads) {
-  const int64_t fit = std::max<int64_t>(1, kScratchBudgetBytes / (M * N * 4));
+  const int64_t fit = std::max<int64_t>(1, tuning::kDenseScratchBytes / (M * N * 4));
   const int64_t want = std::min<int64_t>(2 * int64_t(threads), fit);
   const int64_t r = (K + want - 1) / want;
   return std::max<int64_t>(16, (r + 15) / 16 * 16);
@@ -122,7 +117,7 @@ std::string matmul(const MatMulTensors& t, const KernelTier& tier, const Paralle
   kernel.gemm = gemm;
   if (t.dtype == DType::BF16) kernel.pairs = tier.gemm_kn_bf16;
   Scratch<std::vector<float>> x_s, y_s;
-  if (t.M <= kSplitKMaxTokens) {
+  if (t.M <= tuning::kSplitKMaxTokens) {
     if (kernel.pairs == nullptr) {
       x_s->resize(size_t(t.M * K));
       widen_rows(t, 0, t.M, x_s->data(), par);
@@ -131,7 +126,7 @@ std::string matmul(const MatMulTensors& t, const KernelTier& tier, const Paralle
     split_k(t, kernel, par);
     return "";
   }
-  const int64_t chunk = std::max<int64_t>(1, kScratchBudgetBytes / ((K + N) * 4));
+  const int64_t chunk = std::max<int64_t>(1, tuning::kDenseScratchBytes / ((K + N) * 4));
   const int64_t cols = columns_per_item(N, par.threads);
   const int64_t items = (N + cols - 1) / cols;
   for (int64_t m0 = 0; m0 < t.M; m0 += chunk) {

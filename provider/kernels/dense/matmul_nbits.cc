@@ -7,17 +7,15 @@
 #include <algorithm>
 #include <vector>
 
-#include "../moe_work.h"
-#include "../qmoe/qoperand.h"
+#include "../parallel.h"
 #include "../scratch.h"
+#include "../tuning.h"
+#include "../qmoe/qoperand.h"
 
 namespace hinamoe {
 namespace {
 
 using namespace detail;
-
-// Token rows prepared at once: bounds the float and int8 copies of A.
-constexpr int64_t kScratchBudgetBytes = int64_t(64) << 20;
 
 QWeight weight_of(const MatMulNBitsAttrs& a, const MatMulNBitsTensors& t) {
   QWeight w;
@@ -66,7 +64,7 @@ std::string matmul_nbits(const MatMulNBitsAttrs& a, const MatMulNBitsTensors& t,
   const DType dt = t.dtype;
   const bool int8 = a.int8_activations && w.nb > 1;
   const int64_t row_bytes = padded_ld(K) * 4 + (int8 ? K + 64 + w.nb * 8 : 0) + (dt == DType::F32 ? 0 : N * 4);
-  const int64_t chunk = std::max<int64_t>(1, kScratchBudgetBytes / row_bytes);
+  const int64_t chunk = std::max<int64_t>(1, tuning::kDenseScratchBytes / row_bytes);
   const int64_t rows = rows_per_item(N, par.threads);
   const int64_t items = (N + rows - 1) / rows;
 

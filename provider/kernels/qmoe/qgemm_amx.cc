@@ -7,21 +7,16 @@
 #include "../amx/amx_detect.h"
 #include "../amx/qgemm_tiles.h"
 #include "../amx/qmoe_i8.h"
+#include "../tuning.h"
 #include "qmoe_ffn.h"
 
 namespace hinamoe {
 namespace {
 
-// Where the bf16 tile kernel takes over from the avx512 ones (float tokens)
-// and from the AVX512-VNNI int8-token ones, for 4- and 8-bit weights (8-bit
-// codes take longer to turn into bf16): docs/kernels.md.
-constexpr int64_t kTileMinTokens[2] = {16, 32};
-constexpr int64_t kTileMinTokensI8[2] = {64, 128};
-
 void set_tile_min(QuantKernels* t) {
   for (int b = 0; b < 2; ++b) {
-    t->tile_min_tokens[b] = kTileMinTokens[b];
-    t->tile_min_tokens_i8[b] = kTileMinTokensI8[b];
+    t->tile_min_tokens[b] = tuning::kTileMinTokens[b];
+    t->tile_min_tokens_i8[b] = tuning::kTileMinTokensI8[b];
   }
 }
 

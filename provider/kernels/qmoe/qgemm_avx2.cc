@@ -8,7 +8,7 @@
 //     blocks of 32 without zero points (both widths) the scale applied per
 //     block to sum q x, the zero point once per row (micro_fq_b32); from
 //     16 tokens the tokens transposed and each weight broadcast against 8
-//     tokens a vector (qgemm_many);
+//     tokens a vector (f_transposed);
 //   int8 path (accuracy_level 4, qgemm_i8_avx2.inc): 32 codes x 32 int8
 //     tokens per vpmaddubsw + vpmaddwd (8-bit: codes - 128 via sign/abs, so
 //     no int16 overflow); qgemm_avx2_vnni.cc runs the same body on vpdpbusd.
@@ -21,6 +21,7 @@
 #include "../aligned_buffer.h"
 #include "../isa_target.h"
 #include "qgemm_avx2_common.h"
+#include "../tuning.h"
 #include "qmoe_ffn.h"
 
 namespace hinamoe {
@@ -203,26 +204,23 @@ inline void micro_float(const QWeight& w, int64_t n, const float* X, int64_t ldx
   else micro_f<BITS, R, T, SDT, ZP>(w, n, X, ldx, Y, ldy);
 }
 
-// ------------------------------------------ float path, many tokens
+// ------------------------------------------ float path, many tokens: transposed tokens
 // With many tokens the tiles below reach about 43% of the FMA rate (Zen 5,
 // one core, 4-bit codes in L2, 8-16 tokens: horizontal sums, a conversion
 // per code per tile, a token load per FMA). Here, as on the avx512 tier, a
 // call transposes its tokens once (XT[k][8 V]: V vectors of 8 tokens), each
-// block of R rows is dequantised kManyChunk columns at a time into an L1
+// block of R rows is dequantised kTTChunk columns at a time into an L1
 // buffer in the tokens' order, and every weight is broadcast against 8
 // tokens a vector into R x V accumulators: 68% of the FMA rate at 16
 // tokens, 51% at 12; streaming from DRAM on two threads (hinamoe_qmoe_bench,
-// Qwen3-30B-A3B / gpt-oss-20b) 15-37% less time at 16 tokens; at 6-12
-// tokens 1.2-1.85x as long as the tiles, hence from 16 on.
-#ifndef HINAMOE_QAVX2_MANY
-#define HINAMOE_QAVX2_MANY 16
-#endif
-constexpr int64_t kManyTokens = HINAMOE_QAVX2_MANY;
-constexpr int64_t kManyChunk = 256;  // columns dequantised at a time (a multiple of 16)
+// Qwen3-30B-A3B / gpt-oss-20b) 15-37% less time at 16 tokens; slower than
+// the tiles below tuning::kTransposedMinTokensAvx2.
+constexpr int64_t kTTTokens = tuning::kTransposedMinTokensAvx2;
+constexpr int64_t kTTChunk = 256;  // columns dequantised at a time (a multiple of 16)
 
-// The many-token path takes K in whole 16-element groups, each inside one
+// The transposed path takes K in whole 16-element groups, each inside one
 // scale block (so every group has one scale and zero point).
-inline bool many_ok(const QWeight& w) { return w.K % 16 == 0 && (w.nb == 1 || w.block % 16 == 0); }
+inline bool transposed_ok(const QWeight& w) { return w.K % 16 == 0 && (w.nb == 1 || w.block % 16 == 0); }
 
 // In-register transpose of an 8 x 8 float matrix (r[i] = row i).
 HINAMOE_AVX2_INLINE void transpose8(__m256 (&r)[8]) {
@@ -282,9 +280,9 @@ HINAMOE_AVX2_INLINE void dequant_row(const QWeight& w, int64_t n, int64_t k0, in
   }
 }
 
-// C[(r V + v) 8 ..] (+)= sum over j < J of Wd[r * kManyChunk + j] * XT[j * 8V + 8v ..].
+// C[(r V + v) 8 ..] (+)= sum over j < J of Wd[r * kTTChunk + j] * XT[j * 8V + 8v ..].
 template <int R, int V>
-HINAMOE_AVX2_FN void many_chunk(const float* Wd, const float* XT, int64_t J, float* C, bool first) {
+HINAMOE_AVX2_FN void transposed_chunk(const float* Wd, const float* XT, int64_t J, float* C, bool first) {
   // Fully unrolled over r and v so the accumulators stay in registers.
   __m256 acc[R][V];
 #pragma GCC unroll 12
@@ -297,7 +295,7 @@ HINAMOE_AVX2_FN void many_chunk(const float* Wd, const float* XT, int64_t J, flo
     for (int v = 0; v < V; ++v) xv[v] = _mm256_load_ps(XT + j * 8 * V + 8 * v);
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
-      const __m256 wb = _mm256_broadcast_ss(Wd + r * kManyChunk + j);
+      const __m256 wb = _mm256_broadcast_ss(Wd + r * kTTChunk + j);
 #pragma GCC unroll 2
       for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(wb, xv[v], acc[r][v]);
     }
@@ -310,49 +308,49 @@ HINAMOE_AVX2_FN void many_chunk(const float* Wd, const float* XT, int64_t J, flo
 
 // Rows [n, n + R) against the M (<= 8 V) tokens of XT: Y[t * ldy + r].
 template <int BITS, DType SDT, bool ZP, int R, int V>
-HINAMOE_AVX2_FN void many_rows(const QWeight& w, int64_t n, const float* XT, int64_t M, float* Y, int64_t ldy, float* Wd,
+HINAMOE_AVX2_FN void transposed_rows(const QWeight& w, int64_t n, const float* XT, int64_t M, float* Y, int64_t ldy, float* Wd,
                      float* C) {
   const int64_t rb = w.row_stride();
-  for (int64_t kc = 0; kc < w.K; kc += kManyChunk) {
-    const int64_t kz = std::min(w.K, kc + kManyChunk);
+  for (int64_t kc = 0; kc < w.K; kc += kTTChunk) {
+    const int64_t kz = std::min(w.K, kc + kTTChunk);
     for (int r = 0; r < R; ++r) {
       // The codes two chunks ahead (near a row's end: the next block's row).
-      const int64_t kn = kc + 2 * kManyChunk;
+      const int64_t kn = kc + 2 * kTTChunk;
       const int64_t rn = kn < w.K ? n + r : n + R + r, kr = kn < w.K ? kn : kn - w.K;
       const uint8_t* next = w.codes + rn * rb + kr * BITS / 8;
-      for (int64_t o = 0; o < kManyChunk * BITS / 8; o += 64)
+      for (int64_t o = 0; o < kTTChunk * BITS / 8; o += 64)
         _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T0);
-      dequant_row<BITS, SDT, ZP>(w, n + r, kc, kz, Wd + r * kManyChunk);
+      dequant_row<BITS, SDT, ZP>(w, n + r, kc, kz, Wd + r * kTTChunk);
     }
-    many_chunk<R, V>(Wd, XT + kc * 8 * V, kz - kc, C, kc == 0);
+    transposed_chunk<R, V>(Wd, XT + kc * 8 * V, kz - kc, C, kc == 0);
   }
   for (int64_t t = 0; t < M; ++t)
     for (int r = 0; r < R; ++r) Y[t * ldy + r] = C[(r * V + t / 8) * 8 + t % 8];
 }
 
 template <int BITS, DType SDT, bool ZP, int V>
-void many_range(const QWeight& w, int64_t n0, int64_t n1, const float* XT, int64_t M, float* Y, int64_t ldy,
+void transposed_range(const QWeight& w, int64_t n0, int64_t n1, const float* XT, int64_t M, float* Y, int64_t ldy,
                 float* Wd, float* C) {
   constexpr int R = V == 1 ? 12 : 6;  // R x V accumulators of the 16 ymm registers
   int64_t n = n0;
-  for (; n + R <= n1; n += R) many_rows<BITS, SDT, ZP, R, V>(w, n, XT, M, Y + (n - n0), ldy, Wd, C);
-  for (; n < n1; ++n) many_rows<BITS, SDT, ZP, 1, V>(w, n, XT, M, Y + (n - n0), ldy, Wd, C);
+  for (; n + R <= n1; n += R) transposed_rows<BITS, SDT, ZP, R, V>(w, n, XT, M, Y + (n - n0), ldy, Wd, C);
+  for (; n < n1; ++n) transposed_rows<BITS, SDT, ZP, 1, V>(w, n, XT, M, Y + (n - n0), ldy, Wd, C);
 }
 
 template <int BITS, DType SDT, bool ZP>
-void qgemm_many(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
+void f_transposed(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
                 int64_t ldy) {
   // Per thread, reused across calls (K x 16 floats, 12 rows of a chunk).
-  thread_local AlignedVector<float> xt, wd(size_t(12 * kManyChunk)), c(size_t(12 * 8));
+  thread_local AlignedVector<float> xt, wd(size_t(12 * kTTChunk)), c(size_t(12 * 8));
   if (xt.size() < size_t(w.K * 16)) xt.resize(size_t(w.K * 16));
   for (int64_t g = 0; g < M; g += 16) {
     const int64_t Mg = std::min<int64_t>(16, M - g);
     if (Mg > 8) {
       transpose_tokens8<2>(X + g * ldx, ldx, Mg, w.K, xt.data());
-      many_range<BITS, SDT, ZP, 2>(w, n0, n1, xt.data(), Mg, Y + g * ldy, ldy, wd.data(), c.data());
+      transposed_range<BITS, SDT, ZP, 2>(w, n0, n1, xt.data(), Mg, Y + g * ldy, ldy, wd.data(), c.data());
     } else {
       transpose_tokens8<1>(X + g * ldx, ldx, Mg, w.K, xt.data());
-      many_range<BITS, SDT, ZP, 1>(w, n0, n1, xt.data(), Mg, Y + g * ldy, ldy, wd.data(), c.data());
+      transposed_range<BITS, SDT, ZP, 1>(w, n0, n1, xt.data(), Mg, Y + g * ldy, ldy, wd.data(), c.data());
     }
   }
 }
@@ -361,7 +359,7 @@ void qgemm_many(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_
 template <int BITS, DType SDT, bool ZP>
 HINAMOE_AVX2_FN void qgemm_t(const QWeight& w, int64_t n0, int64_t n1, const float* X, int64_t ldx, int64_t M, float* Y,
              int64_t ldy) {
-  if (M >= kManyTokens && many_ok(w)) return qgemm_many<BITS, SDT, ZP>(w, n0, n1, X, ldx, M, Y, ldy);
+  if (M >= kTTTokens && transposed_ok(w)) return f_transposed<BITS, SDT, ZP>(w, n0, n1, X, ldx, M, Y, ldy);
   // Blocks of 32 without zero points: micro_fq_b32 on the tokens' block sums.
   std::vector<float> xs;
   if constexpr (!ZP) {

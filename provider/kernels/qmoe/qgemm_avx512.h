@@ -10,6 +10,7 @@
 #include "../isa_target.h"
 #include "../vec_avx512.h"
 #include "qgemm_avx2_common.h"
+#include "../tuning.h"
 #include "qmoe_ffn.h"
 
 namespace hinamoe {
@@ -17,12 +18,8 @@ namespace qz {
 
 using namespace qavx2;
 
-#ifndef HINAMOE_QTT_MIN
-#define HINAMOE_QTT_MIN 12
-#endif
-// From this many tokens on, both paths run transposed (against the tiles on
-// Zen 5: 0.8x at 8 tokens, 1.1x at 12).
-constexpr int64_t kTTTokens = HINAMOE_QTT_MIN;
+// From this many tokens on, both paths run transposed.
+constexpr int64_t kTTTokens = tuning::kTransposedMinTokensAvx512;
 
 // Float tokens, fewer than kTTTokens: tiles of up to 8 tokens against R rows
 // (qgemm_avx512_f.cc). X in the order f_order gives (EvenOdd32 for 4-bit).

@@ -18,10 +18,7 @@ namespace hinamoe {
 namespace qz {
 namespace {
 
-#ifndef HINAMOE_QTT_CHUNK
-#define HINAMOE_QTT_CHUNK 256
-#endif
-constexpr int64_t kTTChunk = HINAMOE_QTT_CHUNK;  // columns per dequantised block
+constexpr int64_t kTTChunk = tuning::kTransposedChunkAvx512;  // columns per dequantised block
 
 // XT[k * 16V + t] = X[t * ldx + k] for t < M (M <= 16 V), 0 for t >= M; K % 16 == 0.
 template <int V>

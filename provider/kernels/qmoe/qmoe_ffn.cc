@@ -1,22 +1,16 @@
 // The QMoE driver: QMoE routing -> gather (float, plus int8 copies for
-// accuracy_level 4) -> gate/up items -> activation -> down items -> weighted
-// combine. Reuses the MoE driver's work split (make_items, run_up_then_down)
-// and activations; only the GEMMs differ (quantised kernels of the tier).
+// accuracy_level 4) -> the expert pipeline (moe/expert_pipeline.h) over the
+// quantised weight format below -> weighted combine. Only the GEMMs, the
+// operands and the NUMA cuts differ from the MoE driver.
 #include "qmoe_ffn.h"
 
-#include "../amx/amx_detect.h"
-
 #include <algorithm>
-#include <cmath>
 #include <cstring>
-#include <functional>
-#include <limits>
 #include <memory>
 #include <vector>
 
-#include "../activation.h"
 #include "../aligned_buffer.h"
-#include "../moe_work.h"
+#include "../moe/expert_pipeline.h"
 #include "../scratch.h"
 #include "qmoe_routing.h"
 #include "qoperand.h"
@@ -25,8 +19,6 @@ namespace hinamoe {
 namespace {
 
 using namespace detail;
-
-constexpr int64_t kScratchBudgetBytes = int64_t(256) << 20;
 
 // Expert e's weight of [E, rows, cols] with nb scale blocks per row.
 // block: block_size (the last of the nb blocks may be shorter); ignored row-wise.
@@ -119,15 +111,58 @@ void node_partial(const numa::SegmentTable& tb, int node, const QuantKernels& qk
   }
 }
 
+// The quantised weights of one call (expert_pipeline.h's weight format):
+// block-quantised codes read in place by the tier's kernels against the
+// operands in1 (gathered tokens) and in2 (activations).
+struct QuantFormat {
+  const QuantKernels& qk;
+  const QMoETensors& t;
+  int bits;
+  int64_t block_size, H, I, F1;
+  Operand& in1;
+  Operand& in2;
+  const int64_t* begin;  // routes.expert_begin
+  std::vector<std::shared_ptr<const numa::SegmentTable>> tabs[3];  // fc1, fc3, fc2 (NUMA: [E] each)
+
+  QWeight weight(int fc, int64_t e) const {
+    if (fc == 1) return expert_weight(t.fc1_w, t.fc1_s, t.fc1_zp, t.scale_dtype, bits, F1, H, t.fc1_nb, block_size, e);
+    if (fc == 3) return expert_weight(t.fc3_w, t.fc3_s, t.fc3_zp, t.scale_dtype, bits, I, H, t.fc3_nb, block_size, e);
+    return expert_weight(t.fc2_w, t.fc2_s, t.fc2_zp, t.scale_dtype, bits, H, I, t.fc2_nb, block_size, e);
+  }
+  const Operand& operand(int fc) const { return fc == 2 ? in2 : in1; }
+  void gemm(int fc, int64_t e, int64_t r0, int64_t r1, int64_t p0, int64_t M, float* Y, int64_t ldy) const {
+    run_gemm(qk, weight(fc, e), operand(fc), p0, M, r0, r1, Y, ldy);
+  }
+  void prepare_numa(NumaRun& nr, int64_t e) {
+    auto table = [&](int fc, int64_t rows) {
+      const QWeight w = weight(fc, e);
+      return weight_table(nr, w.codes, rows, w.K, w.bits, cut_granule(qk, w, operand(fc)));
+    };
+    tabs[0][size_t(e)] = table(1, F1);
+    if (t.fc3_w) tabs[1][size_t(e)] = table(3, I);
+    tabs[2][size_t(e)] = table(2, H);
+  }
+  void node_gemm(int node, int fc, int64_t e, int64_t r0, int64_t r1, int64_t p0, int64_t M, float* Y, int64_t ldy,
+                 std::vector<float>& tmp) const {
+    node_partial(*tabs[fc == 1 ? 0 : fc == 3 ? 1 : 2][size_t(e)], node, qk, weight(fc, e), operand(fc), p0, M, r0,
+                 r1, Y, ldy, tmp);
+  }
+  void put(int64_t p, int64_t j, float v) const { in2.x[size_t(p * in2.ld + in2.pos(j))] = v; }
+  // The int8 codes of the fc2 operand need a route's whole activation row,
+  // written by several gate/up items: quantised once the expert's last one ends.
+  void activations_done(int64_t e) const {
+    in2.finish(begin[e], begin[e + 1]);
+    in2.build_tiles(begin[e], begin[e + 1]);
+  }
+};
+
 std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETensors& t, int64_t t0,
                       int64_t tokens, const QuantKernels& qk, const Parallel& par, NumaRun* nr) {
   const MoEAttrs& at = qa.moe;
-  const int64_t H = shape.hidden, I = shape.inter, E = shape.experts, k = at.k;
+  const ExpertDims d(shape, at);
+  const int64_t H = d.H, I = d.I, E = d.E, N1 = d.N1, k = at.k;
   const DType dt = t.dtype;
   const size_t es = dtype_size(dt);
-  const bool gated = is_gated(at.activation);
-  const int64_t N1 = gated ? 2 * I : I;
-  const int64_t F1 = gated && at.gate_layout != GateLayout::Separate ? 2 * I : I;
 
   Routes routes;
   std::string err = compute_qmoe_routes(
@@ -178,190 +213,17 @@ std::string run_chunk(const MoEShape& shape, const QMoEAttrs& qa, const QMoETens
     maybe_parallel(par, E, R * H, [&](size_t e) { in1.build_tiles(begin[e], begin[e + 1]); });
   }
 
-  auto w1 = [&](int64_t e) { return expert_weight(t.fc1_w, t.fc1_s, t.fc1_zp, t.scale_dtype, qa.bits, F1, H, t.fc1_nb, qa.block_size, e); };
-  auto w3 = [&](int64_t e) { return expert_weight(t.fc3_w, t.fc3_s, t.fc3_zp, t.scale_dtype, qa.bits, I, H, t.fc3_nb, qa.block_size, e); };
-  auto w2 = [&](int64_t e) { return expert_weight(t.fc2_w, t.fc2_s, t.fc2_zp, t.scale_dtype, qa.bits, H, I, t.fc2_nb, qa.block_size, e); };
-
-  // Phase 1: gate/up GEMMs into h1 (gemm(weight, fc, rows, Y) per weight
-  // row range, fc 1 or 3), then biases and the activation -> in2.x.
-  auto up_gemms = [&](const Item& it, float* h, auto&& gemm) {
-    const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
-    float* Y = h + begin[e] * N1;
-    const QWeight a = w1(e);
-    if (!gated) {
-      gemm(a, 1, j0, j1, Y + j0);
-    } else if (at.gate_layout == GateLayout::Interleaved) {
-      gemm(a, 1, 2 * j0, 2 * j1, Y + 2 * j0);
-    } else if (at.gate_layout == GateLayout::Stacked) {
-      gemm(a, 1, j0, j1, Y + j0);
-      gemm(a, 1, I + j0, I + j1, Y + I + j0);
-    } else {
-      gemm(a, 1, j0, j1, Y + j0);
-      gemm(w3(e), 3, j0, j1, Y + I + j0);
-    }
-  };
-  auto activation = [&](const Item& it) {
-    const int64_t e = it.expert, j0 = it.b0, j1 = it.b1;
-    const int64_t p0 = begin[e], M = begin[e + 1] - p0;
-    const float* Y = &h1[size_t(p0 * N1)];
-    for (int64_t m = 0; m < M; ++m) {
-      const float* yv = Y + m * N1;
-      float* av = &in2.x[size_t((p0 + m) * in2.ld)];
-      if (!gated) {
-        for (int64_t j = j0; j < j1; ++j) {
-          const float b = t.fc1_b ? load_as_f32(t.fc1_b, e * F1 + j, dt) : 0.0f;
-          av[in2.pos(j)] = activate(at.activation, yv[j] + b);
-        }
-        continue;
-      }
-      const bool inter = at.gate_layout == GateLayout::Interleaved;
-      for (int64_t j = j0; j < j1; ++j) {
-        const int64_t gi = inter ? 2 * j : j, ui = inter ? 2 * j + 1 : I + j;
-        float g = yv[gi], u = yv[ui];
-        if (t.fc1_b) g += load_as_f32(t.fc1_b, e * F1 + gi, dt);
-        if (at.gate_layout == GateLayout::Separate) {
-          if (t.fc3_b) u += load_as_f32(t.fc3_b, e * I + j, dt);
-        } else if (t.fc1_b) {
-          u += load_as_f32(t.fc1_b, e * F1 + ui, dt);
-        }
-        av[in2.pos(j)] = activate_gated(at, g, u);
-      }
-    }
-  };
-  // Phase 2: down GEMM into y, then the fc2 bias.
-  auto down_bias = [&](const Item& it) {
-    if (!t.fc2_b) return;
-    const int64_t e = it.expert, p0 = begin[e], M = begin[e + 1] - p0;
-    for (int64_t n = it.b0; n < it.b1; ++n) {
-      const float b = load_as_f32(t.fc2_b, e * H + n, dt);
-      for (int64_t m = 0; m < M; ++m) y[size_t((p0 + m) * H + n)] += b;
-    }
-  };
-  const std::vector<Item> up_items = make_items(routes, E, I, par.threads);
-  const std::vector<Item> down_items = make_items(routes, E, H, par.threads);
-
-  if (nr == nullptr) {
-    // The int8 codes of the fc2 operand need a route's whole activation row,
-    // written by several gate/up items: the thread that ends an expert's last
-    // gate/up item quantises its rows before the expert's down items start.
-    run_up_then_down(
-        par, up_items, down_items, E,
-        [&](const Item& it) {
-          const int64_t p0 = begin[it.expert], M = begin[it.expert + 1] - p0;
-          up_gemms(it, h1.data(), [&](const QWeight& w, int, int64_t n0, int64_t n1, float* Y) {
-            run_gemm(qk, w, in1, p0, M, n0, n1, Y, N1);
-          });
-          activation(it);
-        },
-        [&](const Item& it) {
-          const int64_t e = it.expert, p0 = begin[e], M = begin[e + 1] - p0;
-          run_gemm(qk, w2(e), in2, p0, M, it.b0, it.b1, &y[size_t(p0 * H + it.b0)], H);
-          down_bias(it);
-        },
-        [&](int64_t e) {
-          if (i8_2) in2.finish(begin[e], begin[e + 1]);
-          in2.build_tiles(begin[e], begin[e + 1]);
-        });
-  } else {
-    // NUMA: each phase as node-partitioned items (partial sums over the
-    // node's segments of each weight: node 0 into h1 / y, node n into
-    // part[n - 1]), then the partials added in node order and the epilogue.
-    const int nodes = nr->nodes;
-    std::vector<std::shared_ptr<const numa::SegmentTable>> tab1(static_cast<size_t>(E)), tab3(static_cast<size_t>(E)),
-        tab2(static_cast<size_t>(E));
-    auto table = [&](const QWeight& w, const Operand& op, int64_t rows) {
-      return weight_table(*nr, w.codes, rows, w.K, w.bits, cut_granule(qk, w, op));
-    };
-    for (int64_t e = 0; e < E; ++e) {
-      if (begin[e + 1] == begin[e]) continue;
-      tab1[size_t(e)] = table(w1(e), in1, F1);
-      if (t.fc3_w) tab3[size_t(e)] = table(w3(e), in1, I);
-      tab2[size_t(e)] = table(w2(e), in2, H);
-    }
-    const int64_t stride1 = R * N1, stride2 = R * H;
-    std::vector<float> part(size_t((nodes - 1) * std::max(stride1, stride2)));
-    run_node_items(par, *nr, up_items.size(), [&](int node, size_t i, std::vector<float>& tmp) {
-      const Item& it = up_items[i];
-      const int64_t e = it.expert, p0 = begin[e], M = begin[e + 1] - p0;
-      float* h = node == 0 ? h1.data() : &part[size_t((node - 1) * stride1)];
-      up_gemms(it, h, [&](const QWeight& w, int fc, int64_t n0, int64_t n1, float* Y) {
-        node_partial(fc == 3 ? *tab3[size_t(e)] : *tab1[size_t(e)], node, qk, w, in1, p0, M, n0, n1, Y, N1, tmp);
-      });
-    });
-    par.for_each(up_items.size(), [&](size_t i) {
-      const Item& it = up_items[i];
-      const int64_t p0 = begin[it.expert], M = begin[it.expert + 1] - p0;
-      float* Y = &h1[size_t(p0 * N1)];
-      const float* Pp = part.data() + p0 * N1;
-      if (!gated) {
-        add_partials(Y, Pp, nodes, stride1, M, N1, it.b0, it.b1);
-      } else if (at.gate_layout == GateLayout::Interleaved) {
-        add_partials(Y, Pp, nodes, stride1, M, N1, 2 * it.b0, 2 * it.b1);
-      } else {
-        add_partials(Y, Pp, nodes, stride1, M, N1, it.b0, it.b1);
-        add_partials(Y, Pp, nodes, stride1, M, N1, I + it.b0, I + it.b1);
-      }
-      activation(it);
-    });
-    if (i8_2) maybe_parallel(par, E, R * I, [&](size_t e) { in2.finish(begin[e], begin[e + 1]); });
-    run_node_items(par, *nr, down_items.size(), [&](int node, size_t i, std::vector<float>& tmp) {
-      const Item& it = down_items[i];
-      const int64_t e = it.expert, p0 = begin[e], M = begin[e + 1] - p0;
-      float* Y = (node == 0 ? y.data() : &part[size_t((node - 1) * stride2)]) + p0 * H;
-      node_partial(*tab2[size_t(e)], node, qk, w2(e), in2, p0, M, it.b0, it.b1, Y + it.b0, H, tmp);
-    });
-    par.for_each(down_items.size(), [&](size_t i) {
-      const Item& it = down_items[i];
-      const int64_t p0 = begin[it.expert], M = begin[it.expert + 1] - p0;
-      add_partials(y.data() + p0 * H, part.data() + p0 * H, nodes, stride2, M, H, it.b0, it.b1);
-      down_bias(it);
-    });
-  }
-
-  // Phase 3: out[t] = sum over its routes (slot order) of weight * y_route.
-  {
-    const int64_t chunk = 8;
-    char* out = static_cast<char*>(t.output) + t0 * H * es;
-    maybe_parallel(par, (tokens + chunk - 1) / chunk, tokens * H * k, [&](size_t c) {
-      std::vector<float> acc(static_cast<size_t>(H));
-      const int64_t q1 = std::min(tokens, int64_t(c) * chunk + chunk);
-      for (int64_t q = int64_t(c) * chunk; q < q1; ++q) {
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t s = 0; s < k; ++s) {
-          const int64_t p = routes.slot_pos[size_t(q * k + s)];
-          if (p < 0) continue;
-          const float wgt = routes.weight[size_t(p)];
-          const float* yr = &y[size_t(p * H)];
-          for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += wgt * yr[h];
-        }
-        for (int64_t h = 0; h < H; ++h) store_from_f32(out, q * H + h, dt, acc[size_t(h)]);
-      }
-    });
-  }
+  QuantFormat f{qk, t, qa.bits, qa.block_size, H, I, d.F1, in1, in2, begin, {}};
+  if (nr != nullptr)
+    for (auto& tb : f.tabs) tb.resize(size_t(E));
+  run_expert_pipeline(d, at, ExpertBiases{t.fc1_b, t.fc3_b, t.fc2_b, dt}, routes, par, nr, f, h1.data(), y.data());
+  combine_routes(routes, y.data(), tokens, k, H, dt, static_cast<char*>(t.output) + t0 * H * es, par);
   return "";
 }
 
 }  // namespace
 
-const QuantKernels& quant_kernels_for(const KernelTier& tier) {
-  if (std::strcmp(tier.name, "ref") == 0) return quant_ref();
-  // amx-emu: int8 tokens on emulated AMX-INT8 tiles, the float path on avx2.
-  // amx on silicon runs the avx512 tier's kernels: on a Xeon with AMX
-  // (2026-12-02, hinamoe_qmoe_bench, Qwen3 shape, int4, 2 threads) the AMX-INT8
-  // block kernel took 4.9 ms at 1 token and 16.2 ms at 16 where avx512 took
-  // 1.1 and 6.1. Until it is faster it runs only where called by name:
-  // quant_amx() in the tests against the emulator and in hinamoe_qmoe_i8_bench.
-  // avx512: the zmm kernels; avx2: the avx2 kernels where this CPU runs them,
-  // their int8-token path on AVX-VNNI where it has that.
-  if (std::strcmp(tier.name, "amx-emu") == 0) return quant_amx_emu();
-  if (std::strcmp(tier.name, "amx") == 0 && amx_unavailable_reason().empty() &&
-      avx512_bf16_unavailable_reason().empty())
-    return quant_avx512_tiles();
-  const bool zmm = std::strcmp(tier.name, "amx") == 0 || std::strcmp(tier.name, "avx512") == 0;
-  if (zmm && tier_unavailable_reason("avx512").empty()) return quant_avx512();
-  if (tier_unavailable_reason("avx2").empty()) return avx_vnni_unavailable_reason().empty() ? quant_avx2_vnni() : quant_avx2();
-  return quant_ref();
-}
+const QuantKernels& quant_kernels_for(const KernelTier& tier) { return tier.quant ? *tier.quant : quant_ref(); }
 
 std::string validate_qmoe(const MoEShape& s, const QMoEAttrs& a, const QMoETensors& t) {
   MoETensors mt;
@@ -407,17 +269,10 @@ std::string qmoe_ffn(const MoEShape& shape, const QMoEAttrs& attrs, const QMoETe
   if (shape.tokens == 0) return "";
   const QuantKernels& qk = quant_kernels_for(tier);
   const int64_t N1 = is_gated(attrs.moe.activation) ? 2 * shape.inter : shape.inter;
-  int64_t route_bytes = (2 * shape.hidden + N1 + 2 * shape.inter + 64) * int64_t(sizeof(float));
-  std::unique_ptr<NumaRun> nr = make_numa_run(opt, &err);
-  if (!err.empty()) return err;
-  if (nr) route_bytes += (nr->nodes - 1) * std::max(N1, shape.hidden) * int64_t(sizeof(float));  // partials
-  const int64_t chunk = std::max<int64_t>(1, kScratchBudgetBytes / (route_bytes * attrs.moe.k));
-  for (int64_t t0 = 0; t0 < shape.tokens; t0 += chunk) {
-    err = run_chunk(shape, attrs, t, t0, std::min(chunk, shape.tokens - t0), qk, par, nr.get());
-    if (!err.empty()) break;
-  }
-  if (nr) nr->report(opt.stats);
-  return err;
+  const int64_t route_bytes = (2 * shape.hidden + N1 + 2 * shape.inter + 64) * int64_t(sizeof(float));
+  return run_token_chunks(shape, attrs.moe, route_bytes, opt, [&](int64_t t0, int64_t n, NumaRun* nr) {
+    return run_chunk(shape, attrs, t, t0, n, qk, par, nr);
+  });
 }
 
 }  // namespace hinamoe

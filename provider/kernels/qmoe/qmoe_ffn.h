@@ -19,7 +19,7 @@
 #include <string>
 #include <type_traits>
 
-#include "../moe_ffn.h"
+#include "../moe/moe_ffn.h"
 #include "../parallel.h"
 #include "../tier.h"
 

@@ -12,7 +12,7 @@
 
 #include "../dtype.h"
 #include "../parallel.h"
-#include "../routing.h"
+#include "../moe/routing.h"
 
 namespace hinamoe {
 

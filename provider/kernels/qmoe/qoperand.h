@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "../aligned_buffer.h"
-#include "../moe_work.h"
+#include "../parallel.h"
 #include "../scratch.h"
 #include "qmoe_ffn.h"
 

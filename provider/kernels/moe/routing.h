@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "dtype.h"
-#include "parallel.h"
+#include "../dtype.h"
+#include "../parallel.h"
 
 namespace hinamoe {
 

@@ -8,12 +8,11 @@
 
 #include <algorithm>
 
-#include "dense/gemm_kn.h"
+#include "../isa_target.h"
+#include "../vec_avx2.h"
+#include "../weight_prefetch.h"
+#include "gemm_rows.h"
 #include "gemm_rows_tiling.h"
-#include "isa_target.h"
-#include "tier.h"
-#include "vec_avx2.h"
-#include "weight_prefetch.h"
 
 // Software prefetch on the weight stream, bytes ahead of the current load
 // (0 = none). On Zen 3 a prefetch 1 KiB ahead measured 2-15% faster than
@@ -177,20 +176,9 @@ HINAMOE_AVX2_FN void gemm_rows_strided_avx2(const void* W, int64_t ldw, int64_t 
 
 }  // namespace
 
-const KernelTier& avx2_tier() {
-  static const KernelTier tier = [] {
-    KernelTier t;
-    t.name = "avx2";
-    t.gemm_rows[int(DType::F32)] = gemm_rows_avx2<DType::F32>;
-    t.gemm_rows[int(DType::F16)] = gemm_rows_avx2<DType::F16>;
-    t.gemm_rows[int(DType::BF16)] = gemm_rows_avx2<DType::BF16>;
-    t.gemm_rows_strided[int(DType::F32)] = gemm_rows_strided_avx2<DType::F32>;
-    t.gemm_rows_strided[int(DType::F16)] = gemm_rows_strided_avx2<DType::F16>;
-    t.gemm_rows_strided[int(DType::BF16)] = gemm_rows_strided_avx2<DType::BF16>;
-    fill_gemm_kn_avx2(t.gemm_kn);
-    return t;
-  }();
-  return tier;
+GemmRowsKernels gemm_rows_avx2_kernels() {
+  return {{gemm_rows_avx2<DType::F32>, gemm_rows_avx2<DType::F16>, gemm_rows_avx2<DType::BF16>},
+          {gemm_rows_strided_avx2<DType::F32>, gemm_rows_strided_avx2<DType::F16>, gemm_rows_strided_avx2<DType::BF16>}};
 }
 
 }  // namespace hinamoe

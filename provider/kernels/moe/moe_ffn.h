@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <string>
 
-#include "dtype.h"
-#include "parallel.h"
-#include "tier.h"
+#include "../dtype.h"
+#include "../parallel.h"
+#include "../tier.h"
 
 namespace hinamoe {
 

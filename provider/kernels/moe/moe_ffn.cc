@@ -1,5 +1,5 @@
-// The MoE driver: route -> per-route expert outputs (expert_rows.cc or
-// expert_blocks.cc) -> weighted combine. All math in float32; T only at the
+// The MoE driver: route -> per-route expert outputs (expert_rows.cc on the
+// expert pipeline, or expert_blocks.cc) -> weighted combine. All math in float32; T only at the
 // edges.
 //
 // Work split: phase 1 items are (expert, block of intermediate indices j),
@@ -10,18 +10,15 @@
 #include <cstring>
 #include <vector>
 
+#include "../scratch.h"
+#include "expert_pipeline.h"
 #include "moe_ffn.h"
-#include "moe_work.h"
 #include "routing.h"
-#include "scratch.h"
 
 namespace hinamoe {
 namespace {
 
 using namespace detail;
-
-// Bound on per-call scratch; larger batches run in token chunks.
-constexpr int64_t kScratchBudgetBytes = int64_t(256) << 20;
 
 const char* act_name(Activation a) {
   switch (a) {
@@ -65,32 +62,7 @@ std::string run_chunk(const MoEShape& shape, const MoEAttrs& at, const MoETensor
   } else {
     expert_outputs_rows(shape, at, t, t0, routes, tier, par, nr, &*y);
   }
-  const float* yr = y->data();
-
-  // Phase 3: out[t] = sum over its routes (slot order) of weight * y_route.
-  {
-    const int64_t chunk = 8;
-    char* out = static_cast<char*>(t.output) + t0 * H * es;
-    maybe_parallel(par, (tokens + chunk - 1) / chunk, tokens * H * k, [&](size_t c) {
-      std::vector<float> acc(static_cast<size_t>(H));
-      const int64_t q1 = std::min(tokens, int64_t(c) * chunk + chunk);
-      for (int64_t q = int64_t(c) * chunk; q < q1; ++q) {
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t s = 0; s < k; ++s) {
-          const int64_t p = routes.slot_pos[q * k + s];
-          if (p < 0) continue;
-          const float w = routes.weight[p];
-          const float* y = yr + p * H;
-          for (int64_t h = 0; h < H; ++h) acc[h] += w * y[h];
-        }
-        if (dt == DType::F32) {
-          std::memcpy(out + q * H * 4, acc.data(), size_t(H) * 4);
-        } else {
-          for (int64_t h = 0; h < H; ++h) store_from_f32(out, q * H + h, dt, acc[h]);
-        }
-      }
-    });
-  }
+  combine_routes(routes, y->data(), tokens, k, H, dt, static_cast<char*>(t.output) + t0 * H * es, par);
   return "";
 }
 
@@ -144,19 +116,10 @@ std::string moe_ffn(const MoEShape& shape, const MoEAttrs& attrs, const MoETenso
   if (tier.gemm_rows[int(t.dtype)] == nullptr)
     return std::string("kernel tier '") + tier.name + "' has no " + dtype_name(t.dtype) + " kernel";
   const int64_t N1 = is_gated(attrs.activation) ? 2 * shape.inter : shape.inter;
-  int64_t route_bytes = (shape.hidden + N1 + shape.inter + 48) * int64_t(sizeof(float));
-
-  std::unique_ptr<NumaRun> nr = make_numa_run(opt, &err);
-  if (!err.empty()) return err;
-  if (nr) route_bytes += (nr->nodes - 1) * std::max(N1, shape.hidden) * int64_t(sizeof(float));  // partials
-
-  const int64_t chunk = std::max<int64_t>(1, kScratchBudgetBytes / (route_bytes * attrs.k));
-  for (int64_t t0 = 0; t0 < shape.tokens; t0 += chunk) {
-    err = run_chunk(shape, attrs, t, t0, std::min(chunk, shape.tokens - t0), tier, par, nr.get());
-    if (!err.empty()) break;
-  }
-  if (nr) nr->report(opt.stats);
-  return err;
+  const int64_t route_bytes = (shape.hidden + N1 + shape.inter + 48) * int64_t(sizeof(float));
+  return run_token_chunks(shape, attrs, route_bytes, opt, [&](int64_t t0, int64_t n, NumaRun* nr) {
+    return run_chunk(shape, attrs, t, t0, n, tier, par, nr);
+  });
 }
 
 }  // namespace hinamoe

@@ -8,17 +8,16 @@
 // Only the functions below carry the target attribute; the file itself is
 // built for baseline x86-64, so no header inline function gets an AVX-512
 // body that the linker could hand to code running on an older CPU.
-#include "vec_avx512.h"  // first: <immintrin.h> without GCC 12's false warnings
+#include "../vec_avx512.h"  // first: <immintrin.h> without GCC 12's false warnings
 
 #include <algorithm>
 
-#include "dense/gemm_kn.h"
-#include "aligned_buffer.h"
+#include "../aligned_buffer.h"
+#include "../isa_target.h"
+#include "../vec_avx512.h"
+#include "../weight_prefetch.h"
+#include "gemm_rows.h"
 #include "gemm_rows_tiling.h"
-#include "isa_target.h"
-#include "tier.h"
-#include "vec_avx512.h"
-#include "weight_prefetch.h"
 
 
 // Software prefetch on the weight stream, as in the avx2 tier (its scheme):
@@ -362,22 +361,13 @@ HINAMOE_AVX512_FN void gemm_rows_strided_avx512(const void* W, int64_t ldw, int6
 
 }  // namespace
 
-const KernelTier& avx512_tier() {
-  static const KernelTier tier = [] {
-    KernelTier t;
-    t.name = "avx512";
-    t.gemm_rows[int(DType::F32)] = gemm_rows_avx512<DType::F32>;
-    t.gemm_rows[int(DType::F16)] = gemm_rows_avx512<DType::F16>;
-    t.gemm_rows[int(DType::BF16)] = gemm_rows_avx512<DType::BF16>;
-    t.gemm_rows_strided[int(DType::F32)] = gemm_rows_strided_avx512<DType::F32>;
-    t.gemm_rows_strided[int(DType::F16)] = gemm_rows_strided_avx512<DType::F16>;
-    t.gemm_rows_strided[int(DType::BF16)] = gemm_rows_strided_avx512<DType::BF16>;
-    fill_gemm_kn_avx512(t.gemm_kn);
-    t.gemm_kn_bf16 = gemm_kn_bf16_avx512();
-    if (avx512_bf16_unavailable_reason().empty()) t.gemm_rows_bf16 = gemm_rows_bf16_pairs;
-    return t;
-  }();
-  return tier;
+GemmRowsKernels gemm_rows_avx512_kernels() {
+  return {{gemm_rows_avx512<DType::F32>, gemm_rows_avx512<DType::F16>, gemm_rows_avx512<DType::BF16>},
+          {gemm_rows_strided_avx512<DType::F32>, gemm_rows_strided_avx512<DType::F16>, gemm_rows_strided_avx512<DType::BF16>}};
+}
+
+GemmRowsBf16Fn gemm_rows_bf16_avx512() {
+  return avx512_bf16_unavailable_reason().empty() ? gemm_rows_bf16_pairs : nullptr;
 }
 
 }  // namespace hinamoe

@@ -1,7 +1,6 @@
 // The reference tier: plain scalar loops that state what gemm_rows computes.
 // Slow but obviously right; the other tiers are tested against the same math.
-#include "dense/gemm_kn.h"
-#include "tier.h"
+#include "gemm_rows.h"
 
 namespace hinamoe {
 namespace {
@@ -26,20 +25,9 @@ void gemm_rows_ref(const void* W, int64_t K, int64_t n0, int64_t n1, const float
 
 }  // namespace
 
-const KernelTier& ref_tier() {
-  static const KernelTier tier = [] {
-    KernelTier t;
-    t.name = "ref";
-    t.gemm_rows[int(DType::F32)] = gemm_rows_ref<DType::F32>;
-    t.gemm_rows[int(DType::F16)] = gemm_rows_ref<DType::F16>;
-    t.gemm_rows[int(DType::BF16)] = gemm_rows_ref<DType::BF16>;
-    t.gemm_rows_strided[int(DType::F32)] = gemm_rows_strided_ref<DType::F32>;
-    t.gemm_rows_strided[int(DType::F16)] = gemm_rows_strided_ref<DType::F16>;
-    t.gemm_rows_strided[int(DType::BF16)] = gemm_rows_strided_ref<DType::BF16>;
-    fill_gemm_kn_ref(t.gemm_kn);
-    return t;
-  }();
-  return tier;
+GemmRowsKernels gemm_rows_ref_kernels() {
+  return {{gemm_rows_ref<DType::F32>, gemm_rows_ref<DType::F16>, gemm_rows_ref<DType::BF16>},
+          {gemm_rows_strided_ref<DType::F32>, gemm_rows_strided_ref<DType::F16>, gemm_rows_strided_ref<DType::BF16>}};
 }
 
 }  // namespace hinamoe

@@ -13,40 +13,11 @@
 #include <exception>
 #include <mutex>
 
-#include "moe_work.h"
+#include "expert_pipeline.h"
 
 namespace hinamoe {
 namespace detail {
 namespace {
-
-// Rows [a, b) of a projection's output for the block [j0, j1) of
-// intermediate indices (phase 1): which weight, which rows of it, and where
-// they go in the expert's [N1][M] sums (fc1 row o -> row o; Separate fc3
-// row j -> row I + j).
-struct RowRange {
-  bool fc3;
-  int64_t a, b, out;
-};
-
-int gate_up_ranges(const MoEAttrs& at, int64_t I, int64_t j0, int64_t j1, RowRange r[2]) {
-  if (!is_gated(at.activation)) {
-    r[0] = {false, j0, j1, j0};
-    return 1;
-  }
-  switch (at.gate_layout) {
-    case GateLayout::Interleaved:
-      r[0] = {false, 2 * j0, 2 * j1, 2 * j0};
-      return 1;
-    case GateLayout::Stacked:
-      r[0] = {false, j0, j1, j0};
-      r[1] = {false, I + j0, I + j1, I + j0};
-      return 2;
-    default:
-      r[0] = {false, j0, j1, j0};
-      r[1] = {true, j0, j1, I + j0};
-      return 2;
-  }
-}
 
 // Row blocks of a partitioned phase: whole 32-row panels of each residue
 // class, i.e. multiples of row_block * Tx (the largest period among the
