@@ -24,6 +24,19 @@ SUBCOMMANDS = {
 }
 
 
+def csv(kind):
+    """argparse type for a comma-separated list of `kind`."""
+    def parse(text: str):
+        items = [s.strip() for s in text.split(",") if s.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("empty list")
+        try:
+            return [kind(s) for s in items]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hina-bench",

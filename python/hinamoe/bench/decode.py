@@ -22,7 +22,8 @@ import numpy as np
 from .. import __version__
 from . import llama_cpp
 from ..serve.model_folder import is_export_folder
-from .common import OtherLoad, cpu_name, hinamoe_tier
+from .machine import cpu_name, hinamoe_tier
+from .quiet import OtherLoad
 
 NAME = "decode"
 HELP = "whole-model prefill/decode tokens/s of a genai or hina-export model folder (HinaMoE vs ORT CPU EP)"

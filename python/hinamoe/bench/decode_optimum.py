@@ -38,7 +38,7 @@ class Client:
 
         from hinamoe.export import load_causal_lm
 
-        from .common import session_options
+        from .sessions import session_options
 
         torch.set_num_threads(threads)  # generate's own tensor work, beside the session's threads
         so = session_options(threads, profile_prefix)

@@ -28,7 +28,7 @@ class Client:
         import hinamoe
         from hinamoe.serve import Runner
 
-        from .common import session_options
+        from .sessions import session_options
 
         so = session_options(threads, profile_prefix)
         if ep == "HinaMoE":

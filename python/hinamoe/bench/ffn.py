@@ -18,8 +18,12 @@ import numpy as np
 
 from .. import __version__
 from . import cpu_mask
-from .common import (MachineProbes, cpu_name, csv, fma_bits_for_tier, hinamoe_tier, l3_bytes, make_session,
-                     on_tiles, probe_bytes, rewarm)
+from .cli import csv
+from .machine import cpu_name, hinamoe_tier, l3_bytes
+from .probes import MachineProbes, probe_bytes
+from .quiet import rewarm
+from .roofline import fma_bits_for_tier, on_tiles
+from .sessions import make_session
 
 NAME = "ffn"
 HELP = "time a single MoE FFN node at real expert shapes (HinaMoE vs ORT CPU EP and llama.cpp's ggml)"
@@ -226,7 +230,7 @@ def _time_point(sess, cfg, plan, xs, repeats: int, warmup: int, between=None):
     """Times of ``repeats`` runs, rotating the active experts, and the first
     step's output. ``between()`` (a read-probe pass) runs after each timed
     run; then one untimed rotation of the steps ending with the one just
-    timed (common.rewarm, >= 5 ms), so the next timed run starts as
+    timed (quiet.rewarm, >= 5 ms), so the next timed run starts as
     back-to-back runs do (ORT's pool threads awake, the caches holding the
     previous steps rather than the probe's buffer, its own experts cold)."""
     from ..models import MoERunner
@@ -256,222 +260,166 @@ def _time_point(sess, cfg, plan, xs, repeats: int, warmup: int, between=None):
 # --------------------------------------------------------------------- main
 
 
-def run(args) -> int:
-    from ..models import (DEFAULT_BENCH_MODELS, MoEConfig, QMoEConfig, RoutingPlan, build_moe_model,
-                          build_qmoe_model,
-                          canon_dtype, list_shapes, model_path, np_dtype, short_dtype)
+@dataclass
+class Plan:
+    """What one `hina-bench ffn` run times, from its options."""
+    models: list
+    tokens: list
+    dtypes: list  # float dtypes of --dtypes (f32, f16, bf16)
+    quant: list  # QMoE labels of --dtypes (int4, int8)
+    threads: list
+    repeats: int
+    run_hina: bool
+    run_cpu: bool
 
-    if args.list_models:
-        print(f"{'model':<18}{'H':>6}{'I':>7}{'E':>5}{'k':>3}  {'MB/expert f32':>13}  bench E")
-        for s in list_shapes():
-            print(f"{s.name:<18}{s.hidden:>6}{s.inter:>7}{s.experts:>5}{s.k:>3}  "
-                  f"{s.expert_bytes(4) / 1e6:>13.1f}  {s.default_bench_experts}")
-        return 0
+    def layers(self) -> list[tuple[str, list[str]]]:
+        """(dtype label, EPs) of every layer: HinaMoE for --dtypes; the CPU EP
+        for f32 (always, as the baseline) and f16 when asked; QMoE at each
+        bit width with accuracy_level absent and 4, both EPs side by side."""
+        out = []
+        for d in ("f32", "f16", "bf16"):
+            eps = (["HinaMoE"] if self.run_hina and d in self.dtypes else []) + (
+                ["CPU"] if self.run_cpu and (d == "f32" or (d == "f16" and d in self.dtypes)) else [])
+            if eps:
+                out.append((d, eps))
+        q_eps = (["HinaMoE"] if self.run_hina else []) + (["CPU"] if self.run_cpu else [])
+        for q in self.quant:
+            for label in (q, q + "-al4"):
+                out.append((label, q_eps))
+        return out
+
+
+def _plan(args) -> Plan | str:
+    """The run's plan, or a message saying what is wrong with the options."""
+    from ..models import DEFAULT_BENCH_MODELS, canon_dtype, short_dtype
 
     quick = args.quick
-    models = args.models or (["qwen3-30b-a3b"] if quick else list(DEFAULT_BENCH_MODELS))
-    tokens = args.tokens or ([1, 4, 16] if quick else list(DEFAULT_TOKENS))
     asked = args.dtypes or (["f32", "bf16"] if quick else list(DEFAULT_DTYPES))
-    quant = [QUANT_ALIASES[d.lower()] for d in asked if d.lower() in QUANT_ALIASES]
     try:
         dtypes = [short_dtype(canon_dtype(d)) for d in asked if d.lower() not in QUANT_ALIASES]
     except ValueError as e:
-        print(f"hina-bench ffn: --dtypes: {e}; float types (f32, f16, bf16) or {', '.join(sorted(QUANT_ALIASES))} "
-              "(the quantised ones run with and without accuracy_level 4)", file=sys.stderr)
-        return 2
+        return (f"--dtypes: {e}; float types (f32, f16, bf16) or {', '.join(sorted(QUANT_ALIASES))} "
+                "(the quantised ones run with and without accuracy_level 4)")
     cores = os.cpu_count() or 1
-    threads = args.threads or ([min(2, cores)] if quick else
-                               [t for t in DEFAULT_THREADS if t <= cores] or [1])
-    repeats = args.repeats or (5 if quick else 10)
-    run_hina = not args.no_hinamoe
-    run_cpu = not args.no_cpu_ep
-    if not (run_hina or run_cpu):
-        print("nothing to run (--no-hinamoe and --no-cpu-ep)", file=sys.stderr)
-        return 2
-    if any(t < 1 for t in tokens) or any(t < 1 for t in threads):
-        print("tokens and threads must be >= 1", file=sys.stderr)
-        return 2
+    plan = Plan(models=args.models or (["qwen3-30b-a3b"] if quick else list(DEFAULT_BENCH_MODELS)),
+                tokens=args.tokens or ([1, 4, 16] if quick else list(DEFAULT_TOKENS)),
+                dtypes=dtypes,
+                quant=[QUANT_ALIASES[d.lower()] for d in asked if d.lower() in QUANT_ALIASES],
+                threads=args.threads or ([min(2, cores)] if quick else
+                                         [t for t in DEFAULT_THREADS if t <= cores] or [1]),
+                repeats=args.repeats or (5 if quick else 10),
+                run_hina=not args.no_hinamoe, run_cpu=not args.no_cpu_ep)
+    if not (plan.run_hina or plan.run_cpu):
+        return "nothing to run (--no-hinamoe and --no-cpu-ep)"
+    if any(t < 1 for t in plan.tokens) or any(t < 1 for t in plan.threads):
+        return "tokens and threads must be >= 1"
+    return plan
 
-    try:
-        from tqdm import tqdm
-    except ImportError:  # progress bar is optional
-        tqdm = None
 
-    import onnxruntime as ort
+def _list_models() -> int:
+    from ..models import list_shapes
 
-    tier = None
-    if run_hina:
-        tier = hinamoe_tier(args.isa)
-        if tier is None:
-            return 1
+    print(f"{'model':<18}{'H':>6}{'I':>7}{'E':>5}{'k':>3}  {'MB/expert f32':>13}  bench E")
+    for s in list_shapes():
+        print(f"{s.name:<18}{s.hidden:>6}{s.inter:>7}{s.experts:>5}{s.k:>3}  "
+              f"{s.expert_bytes(4) / 1e6:>13.1f}  {s.default_bench_experts}")
+    return 0
 
-    l3 = l3_bytes()
-    probes = MachineProbes(threads, probe_bytes(args.bw_bytes, l3), quick,
-                           interleave=not args.no_probe_between, fma_bits=fma_bits_for_tier(tier),
-                           tiles=tier == "amx")
-    print(f"machine: {cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
-          f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa}"
-          + (f", numa=fake:{args.numa_sim}" if args.numa_sim else "") + ")")
-    print(probes.describe("before"))
-    from . import ggml_ffn
 
-    ggml, ggml_note = ggml_ffn.open_ggml(args) if run_hina else (None, "")
-    if ggml_note:
-        print(ggml_note)
+def _build_layer(shape, d: str, experts: int, args, mdir: Path):
+    """One MoE (float d) or QMoE (quantised label d) layer of `experts`
+    experts: (config, model path or bytes, bytes per expert)."""
+    from ..models import (MoEConfig, QMoEConfig, build_moe_model, build_qmoe_model, canon_dtype,
+                          model_path)
 
-    # Which (dtype, EP) sessions per model: HinaMoE for --dtypes; CPU EP for f32
-    # (always, as the baseline) and f16 when asked.
-    model_dtypes = []
-    for d in ("f32", "f16", "bf16"):
-        eps = []
-        if run_hina and d in dtypes:
-            eps.append("HinaMoE")
-        if run_cpu and (d == "f32" or (d == "f16" and d in dtypes)):
-            eps.append("CPU")
-        if eps:
-            model_dtypes.append((d, eps))
-    # QMoE: each bit width at accuracy_level absent and 4, HinaMoE and CPU EP side by side.
-    q_eps = (["HinaMoE"] if run_hina else []) + (["CPU"] if run_cpu else [])
-    for q in quant:
-        for label in (q, q + "-al4"):
-            model_dtypes.append((label, q_eps))
+    rng = np.random.default_rng([args.seed, experts, shape.hidden])
+    if d in QUANT_LABELS:
+        cfg = QMoEConfig(hidden=shape.hidden, inter=shape.inter, experts=experts, k=shape.k,
+                         bits=QUANT_LABELS[d][0], block_size=args.block_size,
+                         accuracy_level=QUANT_LABELS[d][1], random_codes=True)
+        model, _ = build_qmoe_model(cfg, rng, name="qmoe")
+        return cfg, model.SerializeToString(), cfg.packed_bytes()  # codes + scales
+    cfg = MoEConfig(hidden=shape.hidden, inter=shape.inter, experts=experts, k=shape.k,
+                    activation="swiglu", swiglu_fusion=1, dtype=canon_dtype(d))
+    model, _ = build_moe_model(cfg, rng=rng, external_dir=mdir, keep_weights=False, name="moe")
+    return cfg, model_path(model), cfg.expert_weight_bytes()
 
-    specs = _resolve_models(models)
-    min_item = min([np_dtype(canon_dtype(d)).itemsize for d, _ in model_dtypes if d not in QUANT_LABELS]
-                   + [1] * bool(quant))
-    # ggml runs beside HinaMoE's float layers (llama.cpp's q4_0/q8_0 are other formats).
-    def with_ggml_layer(d, eps):
-        return ggml is not None and "HinaMoE" in eps and d not in QUANT_LABELS
 
-    total = (sum(len(eps) + with_ggml_layer(d, eps) for d, eps in model_dtypes)
-             * len(specs) * len(threads) * len(tokens))
-    bar = None
-    if tqdm is not None and not args.no_progress:
-        bar = tqdm(total=total, unit="pt", desc="hina-bench ffn", dynamic_ncols=True,
-                   file=sys.stderr)
+def _inputs(shape, cfg, tokens: list[int], active: int, seed: int) -> dict:
+    """Two input batches per tokens-per-expert value, the same for every EP."""
+    from ..models import np_dtype
 
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="hina-bench-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    xs_by_n = {}
+    for n in tokens:
+        if (n * active) % shape.k:
+            raise ValueError(f"n={n} x active={active} not a multiple of k")
+        xr = np.random.default_rng([seed, n, 7])
+        xs_by_n[n] = [xr.standard_normal((n * active // shape.k, shape.hidden)).astype(np.float32)
+                      .astype(np_dtype(cfg.dtype)) for _ in range(2)]
+    return xs_by_n
+
+
+def _time_layer(layer: dict, cfg, src, eps, plan: Plan, args, probes, glayer, ggml_ffn, progress) -> list[Point]:
+    """The points of one layer: every EP x thread count x tokens per expert,
+    ggml beside HinaMoE where it runs; each EP's output compared with the
+    first EP's (max_rel_diff_vs_cpu, on the second EP's point)."""
+    from ..models import RoutingPlan, np_dtype
+
+    name, d, experts, active = layer["model"], layer["dtype"], layer["experts"], layer["active"]
+    touched = active * layer["expert_bytes"]
+    xs_by_n = _inputs(layer["shape"], cfg, plan.tokens, active, args.seed)
     points: list[Point] = []
-    layers = []
-    t_start = time.time()
-    try:
-        for shape, e_override in specs:
-            active = args.active or shape.k
-            if active < shape.k:
-                print(f"--active {active} < k={shape.k} for {shape.name}", file=sys.stderr)
-                return 2
-            experts = _plan_experts(shape, e_override, min_item, l3, args.min_cache_multiple,
-                                    active)
-            for d, eps in model_dtypes:
-                if bar:
-                    bar.set_postfix_str(f"{shape.name} {d}: building {experts} experts")
-                rng = np.random.default_rng([args.seed, experts, shape.hidden])
-                mdir = workdir / f"{shape.name}-{d}"
-                if d in QUANT_LABELS:
-                    cfg = QMoEConfig(hidden=shape.hidden, inter=shape.inter, experts=experts, k=shape.k,
-                                     bits=QUANT_LABELS[d][0], block_size=args.block_size,
-                                     accuracy_level=QUANT_LABELS[d][1], random_codes=True)
-                    model, _ = build_qmoe_model(cfg, rng, name="qmoe")
-                    src = model.SerializeToString()
-                    expert_bytes = cfg.packed_bytes()  # codes + scales
+    ref_out: dict = {}
+    for ep in eps:
+        for thr in plan.threads:
+            progress(None, f"{name} {d} {ep} {thr}thr: session")
+            sess = make_session(src, ep, thr, {
+                "isa": args.isa, "numa": f"fake:{args.numa_sim}" if args.numa_sim else "auto"})
+            for n in plan.tokens:
+                progress(None, f"{name} {d} {ep} {thr}thr n={n}")
+                rplan = RoutingPlan(experts, layer["k"], n, active, dtype=np_dtype(cfg.dtype))
+                warm = args.warmup if args.warmup is not None else max(2, rplan.period)
+                between = probes.between(thr)
+                with_ggml = glayer is not None and ep == "HinaMoE"
+                if with_ggml:
+                    glayer.set_threads(thr)
+                    gbetween = probes.between(thr)
+                    times, out, gtimes, gout = ggml_ffn.time_point(
+                        sess, cfg, rplan, xs_by_n[n], plan.repeats, warm, between, gbetween, glayer)
                 else:
-                    cfg = MoEConfig(hidden=shape.hidden, inter=shape.inter, experts=experts,
-                                    k=shape.k, activation="swiglu", swiglu_fusion=1,
-                                    dtype=canon_dtype(d))
-                    model, _ = build_moe_model(cfg, rng=rng, external_dir=mdir,
-                                               keep_weights=False, name="moe")
-                    src = model_path(model)
-                    expert_bytes = cfg.expert_weight_bytes()
-                del model
-                glayer = None
-                if with_ggml_layer(d, eps):
-                    if bar:
-                        bar.set_postfix_str(f"{shape.name} {d}: ggml weights")
-                    gpath = mdir / "ggml.weights"
-                    glayer = ggml_ffn.GgmlMoE(ggml, cfg, gpath,
-                                              ggml_ffn.write_ggml_weights(src, cfg, gpath), threads[0])
-                layers.append(dict(model=shape.name, dtype=d, experts=experts, active=active,
-                                   hidden=shape.hidden, inter=shape.inter, k=shape.k,
-                                   layer_bytes=expert_bytes * experts,
-                                   expert_bytes=expert_bytes,
-                                   cache_multiple=expert_bytes * experts / l3))
-                # the same inputs for every EP of this dtype
-                xs_by_n = {}
-                for n in tokens:
-                    t_count = n * active // shape.k
-                    if (n * active) % shape.k:
-                        raise ValueError(f"n={n} x active={active} not a multiple of k")
-                    xr = np.random.default_rng([args.seed, n, 7])
-                    xs_by_n[n] = [
-                        (xr.standard_normal((t_count, shape.hidden)).astype(np.float32)
-                         .astype(np_dtype(cfg.dtype))) for _ in range(2)]
-                ref_out: dict = {}
-                for ep in eps:
-                    for thr in threads:
-                        if bar:
-                            bar.set_postfix_str(f"{shape.name} {d} {ep} {thr}thr: session")
-                        sess = make_session(src, ep, thr, {
-                            "isa": args.isa, "numa": f"fake:{args.numa_sim}" if args.numa_sim else "auto"})
-                        for n in tokens:
-                            if bar:
-                                bar.set_postfix_str(f"{shape.name} {d} {ep} {thr}thr n={n}")
-                            plan = RoutingPlan(experts, shape.k, n, active,
-                                               dtype=np_dtype(cfg.dtype))
-                            warm = args.warmup if args.warmup is not None else max(2, plan.period)
-                            between = probes.between(thr)
-                            with_ggml = glayer is not None and ep == "HinaMoE"
-                            if with_ggml:
-                                glayer.set_threads(thr)
-                                gbetween = probes.between(thr)
-                                times, out, gtimes, gout = ggml_ffn.time_point(
-                                    sess, cfg, plan, xs_by_n[n], repeats, warm, between, gbetween,
-                                    glayer)
-                            else:
-                                times, out = _time_point(sess, cfg, plan, xs_by_n[n], repeats, warm,
-                                                         between)
-                            med = statistics.median(times)
-                            touched = active * expert_bytes
-                            pt = Point(model=shape.name, dtype=d, ep=ep, threads=thr,
-                                       tokens_per_expert=n, tokens=plan.num_tokens,
-                                       experts=experts, active_experts=active,
-                                       bytes_touched=touched, median_ms=med,
-                                       min_ms=min(times), times_ms=[round(t, 4) for t in times],
-                                       gbs=touched / (med * 1e-3) / 1e9)
-                            probes.record(pt, between)
-                            if with_ggml:
-                                gmed = statistics.median(gtimes)
-                                gpt = replace(pt, ep="ggml", median_ms=gmed, min_ms=min(gtimes),
-                                              times_ms=[round(t, 4) for t in gtimes],
-                                              gbs=touched / (gmed * 1e-3) / 1e9)
-                                probes.record(gpt, gbetween)
-                                pt.max_rel_diff_vs_ggml = ggml_ffn.max_rel_diff(gout, out)
-                                points.append(gpt)
-                                if bar:
-                                    bar.update(1)
-                            key = (n, thr)
-                            o64 = out.astype(np.float64)
-                            if key in ref_out:
-                                a, b = ref_out[key], o64
-                                pt.max_rel_diff_vs_cpu = float(
-                                    np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
-                            else:
-                                ref_out[key] = o64
-                            points.append(pt)
-                            if bar:
-                                bar.update(1)
-                        del sess
-                        gc.collect()
-                if glayer is not None:
-                    glayer.close()
-                shutil.rmtree(mdir, ignore_errors=True)
-    finally:
-        if bar:
-            bar.close()
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
+                    times, out = _time_point(sess, cfg, rplan, xs_by_n[n], plan.repeats, warm, between)
+                med = statistics.median(times)
+                pt = Point(model=name, dtype=d, ep=ep, threads=thr, tokens_per_expert=n,
+                           tokens=rplan.num_tokens, experts=experts, active_experts=active,
+                           bytes_touched=touched, median_ms=med, min_ms=min(times),
+                           times_ms=[round(t, 4) for t in times], gbs=touched / (med * 1e-3) / 1e9)
+                probes.record(pt, between)
+                if with_ggml:
+                    gmed = statistics.median(gtimes)
+                    gpt = replace(pt, ep="ggml", median_ms=gmed, min_ms=min(gtimes),
+                                  times_ms=[round(t, 4) for t in gtimes], gbs=touched / (gmed * 1e-3) / 1e9)
+                    probes.record(gpt, gbetween)
+                    pt.max_rel_diff_vs_ggml = ggml_ffn.max_rel_diff(gout, out)
+                    points.append(gpt)
+                    progress(1, None)
+                o64 = out.astype(np.float64)
+                if (n, thr) in ref_out:
+                    a, b = ref_out[(n, thr)], o64
+                    pt.max_rel_diff_vs_cpu = float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+                else:
+                    ref_out[(n, thr)] = o64
+                points.append(pt)
+                progress(1, None)
+            del sess
+            gc.collect()
+    return points
 
-    probes.finish()
+
+def _rate(points: list[Point], probes, tier) -> None:
+    """%BW, roofline and speed-ups of every point; each EP's diff against the
+    other on HinaMoE's point."""
+    from ..models import canon_dtype, np_dtype
+
     for p in points:  # each weight element takes one FMA per token
         item = QUANT_LABELS[p.dtype][0] / 8 if p.dtype in QUANT_LABELS else np_dtype(canon_dtype(p.dtype)).itemsize
         probes.rate(p, item, p.tokens_per_expert,
@@ -486,53 +434,18 @@ def run(args) -> int:
                     q.max_rel_diff_vs_cpu = p.max_rel_diff_vs_cpu
             p.max_rel_diff_vs_cpu = None
 
-    from .report import print_table, plot_latency
 
-    print(probes.describe("max of the probes before/after"))
-    if probes.interleave:
-        print(probes.describe_interleaved(points))
-    print_table(points)
-    if ggml_note and ggml is None:
-        print(ggml_note)
-    for p in points:
-        lim = ggml_ffn.DIFF_LIMIT.get(p.dtype)
-        if p.max_rel_diff_vs_ggml is not None and lim and p.max_rel_diff_vs_ggml > lim:
-            print(f"warning: {p.model} {p.dtype} n={p.tokens_per_expert}: HinaMoE and ggml differ by "
-                  f"{p.max_rel_diff_vs_ggml:.1e} (> {lim:.0e}): not the same computation", file=sys.stderr)
-    elapsed = time.time() - t_start
-    print(f"({len(points)} points in {elapsed:.0f} s)")
-    if probes.warning():
-        print(probes.warning(), file=sys.stderr)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        meta = dict(
-            command="hina-bench ffn", argv=sys.argv[1:], time=time.strftime("%Y-%m-%d %H:%M:%S"),
-            cpu=cpu_name(), cpu_as=cpu_mask.active(), cores=cores, l3_bytes=l3,
-            onnxruntime=ort.__version__, hinamoe=__version__,
-            tier=tier, isa=args.isa, numa_sim=args.numa_sim,
-            **probes.meta(), repeats=repeats, seed=args.seed,
-            layers=layers, elapsed_s=elapsed,
-            ggml=(dict(available=True, version=ggml.version, commit=ggml.commit,
-                       lib_dir=str(ggml.lib_dir), origin=ggml.origin,
-                       cpu_features=ggml.cpu_features) if ggml is not None else
-                  dict(available=False, note=ggml_note or "--no-ggml")),
-            notes=["gbs = active experts' weight bytes in the model dtype / median time",
-                   "CPU EP converts f16 weights to f32 at session creation",
-                   "speedup_vs_cpu_same: CPU EP on the same dtype model (f32/f16)",
-                   "speedup_vs_cpu_f32: CPU EP on the f32 model",
-                   "speedup_vs_ggml: ggml time / HinaMoE time on the same point (ep 'ggml': "
-                   "llama.cpp's MoE FFN graph on ggml's CPU backend)"])
-        res = dict(meta=meta, points=[asdict(p) for p in points])
-        (out / "results.json").write_text(json.dumps(res, indent=1))
-        print(f"wrote {out / 'results.json'}")
-        if not args.no_plot:
-            try:
-                png = plot_latency(points, out / "latency.png", meta)
-                print(f"wrote {png}")
-            except Exception as exc:  # noqa: BLE001 - plotting is optional
-                print(f"plot skipped: {exc}", file=sys.stderr)
-    return 0
+def _write(out: Path, points: list[Point], meta: dict, plot: bool) -> None:
+    from .report import plot_latency
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(dict(meta=meta, points=[asdict(p) for p in points]), indent=1))
+    print(f"wrote {out / 'results.json'}")
+    if plot:
+        try:
+            print(f"wrote {plot_latency(points, out / 'latency.png', meta)}")
+        except Exception as exc:  # noqa: BLE001 - plotting is optional
+            print(f"plot skipped: {exc}", file=sys.stderr)
 
 
 def _fill_speedups(points: list[Point]) -> None:
@@ -552,3 +465,141 @@ def _fill_speedups(points: list[Point]) -> None:
         g = ggml.get((p.model, p.dtype, p.threads, p.tokens_per_expert))
         if g:
             p.speedup_vs_ggml = g / p.median_ms
+
+
+def run(args) -> int:
+    from ..models import canon_dtype, np_dtype
+
+    if args.list_models:
+        return _list_models()
+    plan = _plan(args)
+    if isinstance(plan, str):
+        print(f"hina-bench ffn: {plan}", file=sys.stderr)
+        return 2
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress bar is optional
+        tqdm = None
+    import onnxruntime as ort
+
+    tier = None
+    if plan.run_hina:
+        tier = hinamoe_tier(args.isa)
+        if tier is None:
+            return 1
+
+    cores = os.cpu_count() or 1
+    l3 = l3_bytes()
+    probes = MachineProbes(plan.threads, probe_bytes(args.bw_bytes, l3), args.quick,
+                           interleave=not args.no_probe_between, fma_bits=fma_bits_for_tier(tier),
+                           tiles=tier == "amx")
+    print(f"machine: {cpu_name()}, {cores} cores, L3 {l3 / 2 ** 20:.0f} MiB; "
+          f"onnxruntime {ort.__version__}; HinaMoE tier {tier or '-'} (isa={args.isa}"
+          + (f", numa=fake:{args.numa_sim}" if args.numa_sim else "") + ")")
+    print(probes.describe("before"))
+    from . import ggml_ffn
+
+    ggml, ggml_note = ggml_ffn.open_ggml(args) if plan.run_hina else (None, "")
+    if ggml_note:
+        print(ggml_note)
+
+    layer_dtypes = plan.layers()
+    specs = _resolve_models(plan.models)
+    min_item = min([np_dtype(canon_dtype(d)).itemsize for d, _ in layer_dtypes if d not in QUANT_LABELS]
+                   + [1] * bool(plan.quant))
+
+    # ggml runs beside HinaMoE's float layers (llama.cpp's q4_0/q8_0 are other formats).
+    def with_ggml_layer(d, eps):
+        return ggml is not None and "HinaMoE" in eps and d not in QUANT_LABELS
+
+    total = (sum(len(eps) + with_ggml_layer(d, eps) for d, eps in layer_dtypes)
+             * len(specs) * len(plan.threads) * len(plan.tokens))
+    bar = None
+    if tqdm is not None and not args.no_progress:
+        bar = tqdm(total=total, unit="pt", desc="hina-bench ffn", dynamic_ncols=True, file=sys.stderr)
+
+    def progress(done, note):
+        if bar is not None:
+            if note:
+                bar.set_postfix_str(note)
+            if done:
+                bar.update(done)
+
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="hina-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    points: list[Point] = []
+    layers = []
+    t_start = time.time()
+    try:
+        for shape, e_override in specs:
+            active = args.active or shape.k
+            if active < shape.k:
+                print(f"--active {active} < k={shape.k} for {shape.name}", file=sys.stderr)
+                return 2
+            experts = _plan_experts(shape, e_override, min_item, l3, args.min_cache_multiple, active)
+            for d, eps in layer_dtypes:
+                progress(None, f"{shape.name} {d}: building {experts} experts")
+                mdir = workdir / f"{shape.name}-{d}"
+                cfg, src, expert_bytes = _build_layer(shape, d, experts, args, mdir)
+                glayer = None
+                if with_ggml_layer(d, eps):
+                    progress(None, f"{shape.name} {d}: ggml weights")
+                    gpath = mdir / "ggml.weights"
+                    glayer = ggml_ffn.GgmlMoE(ggml, cfg, gpath, ggml_ffn.write_ggml_weights(src, cfg, gpath),
+                                              plan.threads[0])
+                layer = dict(model=shape.name, dtype=d, experts=experts, active=active,
+                             hidden=shape.hidden, inter=shape.inter, k=shape.k,
+                             layer_bytes=expert_bytes * experts, expert_bytes=expert_bytes,
+                             cache_multiple=expert_bytes * experts / l3)
+                layers.append(layer)
+                points += _time_layer(dict(layer, shape=shape), cfg, src, eps, plan, args, probes, glayer,
+                                      ggml_ffn, progress)
+                if glayer is not None:
+                    glayer.close()
+                shutil.rmtree(mdir, ignore_errors=True)
+    finally:
+        if bar:
+            bar.close()
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    probes.finish()
+    _rate(points, probes, tier)
+
+    from .report import print_table
+
+    print(probes.describe("max of the probes before/after"))
+    if probes.interleave:
+        print(probes.describe_interleaved(points))
+    print_table(points)
+    if ggml_note and ggml is None:
+        print(ggml_note)
+    for p in points:
+        lim = ggml_ffn.DIFF_LIMIT.get(p.dtype)
+        if p.max_rel_diff_vs_ggml is not None and lim and p.max_rel_diff_vs_ggml > lim:
+            print(f"warning: {p.model} {p.dtype} n={p.tokens_per_expert}: HinaMoE and ggml differ by "
+                  f"{p.max_rel_diff_vs_ggml:.1e} (> {lim:.0e}): not the same computation", file=sys.stderr)
+    elapsed = time.time() - t_start
+    print(f"({len(points)} points in {elapsed:.0f} s)")
+    if probes.warning():
+        print(probes.warning(), file=sys.stderr)
+    if args.out:
+        meta = dict(
+            command="hina-bench ffn", argv=sys.argv[1:], time=time.strftime("%Y-%m-%d %H:%M:%S"),
+            cpu=cpu_name(), cpu_as=cpu_mask.active(), cores=cores, l3_bytes=l3,
+            onnxruntime=ort.__version__, hinamoe=__version__,
+            tier=tier, isa=args.isa, numa_sim=args.numa_sim,
+            **probes.meta(), repeats=plan.repeats, seed=args.seed,
+            layers=layers, elapsed_s=elapsed,
+            ggml=(dict(available=True, version=ggml.version, commit=ggml.commit,
+                       lib_dir=str(ggml.lib_dir), origin=ggml.origin,
+                       cpu_features=ggml.cpu_features) if ggml is not None else
+                  dict(available=False, note=ggml_note or "--no-ggml")),
+            notes=["gbs = active experts' weight bytes in the model dtype / median time",
+                   "CPU EP converts f16 weights to f32 at session creation",
+                   "speedup_vs_cpu_same: CPU EP on the same dtype model (f32/f16)",
+                   "speedup_vs_cpu_f32: CPU EP on the f32 model",
+                   "speedup_vs_ggml: ggml time / HinaMoE time on the same point (ep 'ggml': "
+                   "llama.cpp's MoE FFN graph on ggml's CPU backend)"])
+        _write(Path(args.out), points, meta, not args.no_plot)
+    return 0

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from . import cpu_mask
-from .common import rewarm, wait_until_quiet
+from .quiet import rewarm, wait_until_quiet
 from .ggml_lib import HOW_TO_GET, STATUS_SUCCESS, TYPE_F32, TYPES, Ggml, GgmlUnavailable, InitParams, load
 
 _ALIGN = 4096
@@ -272,7 +272,7 @@ def time_alternating(hina_steps, ggml_steps, repeats: int, warmup: int, between_
     """Times (ms) of `repeats` runs of each side, taken in turn: repetition r
     times step r of one side, then of the other (the order flips every
     repetition). Each timed run follows an untimed rotation of its own side's
-    steps ending with the step before it (common.rewarm, >= 5 ms), after this
+    steps ending with the step before it (quiet.rewarm, >= 5 ms), after this
     process went quiet (the other side's pool threads stopped spinning), so
     each side finds the caches and its threads as back-to-back runs of its own
     leave them, with the timed step's experts cold. between_* (a read-probe

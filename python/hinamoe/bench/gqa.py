@@ -17,8 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from .common import (MachineProbes, cpu_name, csv, hinamoe_tier, l3_bytes, make_session, probe_bytes,
-                     rewarm)
+from .cli import csv
+from .machine import cpu_name, hinamoe_tier, l3_bytes
+from .probes import MachineProbes, probe_bytes
+from .quiet import rewarm
+from .sessions import make_session
 
 NAME = "gqa"
 HELP = "time one GroupQueryAttention decode step at real attention shapes (HinaMoE vs ORT CPU EP)"
@@ -182,7 +185,7 @@ def _time(sess, layers, repeats: int, warmup: int, between=None):
     """Times of ``repeats`` steps cycling the layers, and layer 0's output.
     ``between()`` (a read-probe pass) runs after each timed step; then one
     untimed pass over the layers ending with the one just timed
-    (common.rewarm, >= 5 ms), so the next timed step starts as back-to-back
+    (quiet.rewarm, >= 5 ms), so the next timed step starts as back-to-back
     steps do (ORT's pool threads awake, the caches holding the previous
     layers rather than the probe's buffer, its own layer cold)."""
     bindings = [layer.bind(sess) for layer in layers]

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import cpu_name, csv
+from .cli import csv
+from .machine import cpu_name
 
 NAME = "serve"
 HELP = "load-test OpenAI-compatible servers: aggregate tok/s, time to first token, per-token latency"

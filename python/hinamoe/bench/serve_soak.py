@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import cpu_name
+from .machine import cpu_name
 from .serve import WORDS, one_request, parse_target
 
 NAME = "serve-soak"
