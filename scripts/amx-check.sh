@@ -76,7 +76,7 @@ grep -E -B1 "^real_amx_(int8|qmoe_i8)" "$out/kernel-tests.txt" | grep -E "skippe
 grep -E "FAIL \[real_amx_(int8|qmoe_i8)" "$out/kernel-tests.txt" | head -5
 
 step "pytest: the isa=amx and amx-emu cases"
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_ep_correctness.py tests/test_numa_ep.py \
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/moe/test_ep_correctness.py tests/ep/test_numa_ep.py \
   tests/test_gqa_bf16.py -k amx 2>&1 | tail -5
 
 step "kernel micro-benchmark, bf16, amx and avx2"

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from bench_checks import check_probe_arithmetic
 
 from hinamoe.bench.cli import build_parser, main
+
+from support.bench_checks import check_probe_arithmetic
 
 
 def test_help_texts(capsys):
@@ -88,7 +89,7 @@ def test_unknown_dtype_is_a_clear_error(tmp_path, capsys):
 
 
 def test_roofline_bound():
-    from hinamoe.bench.common import roofline_gbs
+    from hinamoe.bench.roofline import roofline_gbs
 
     # 2 cores x 50 G lane-FMA/s, 33 GB/s: bf16 is bandwidth-bound at 1 token
     # per expert, FMA-bound from 4 on (100e9 * 2 / 8 = 25 GB/s at 8).
@@ -133,7 +134,7 @@ def test_tile_peak_probe():
 
 
 def test_points_on_tiles():
-    from hinamoe.bench.common import on_tiles
+    from hinamoe.bench.roofline import on_tiles
 
     assert on_tiles("amx", "bf16", 1) and on_tiles("amx", "int4", 16) and not on_tiles("amx", "int4", 15)
     assert on_tiles("amx", "int4-al4", 64) and not on_tiles("amx", "int4-al4", 63)
@@ -142,7 +143,7 @@ def test_points_on_tiles():
 
 
 def test_roofline_width_follows_the_tier():
-    from hinamoe.bench.common import fma_bits_for_tier
+    from hinamoe.bench.roofline import fma_bits_for_tier
 
     assert [fma_bits_for_tier(t) for t in ("avx512", "amx", "avx2", "ref", "amx-emu", None)] == \
         [512, 512, 256, 256, 256, 256]
@@ -214,7 +215,7 @@ def test_wait_until_quiet(monkeypatch):
     max_s while the process keeps a core busy (CPU clock faked: 1 s per read)."""
     import time
 
-    from hinamoe.bench.common import wait_until_quiet
+    from hinamoe.bench.quiet import wait_until_quiet
 
     assert wait_until_quiet(window_s=0.002, max_s=5.0) < 2.5
     ticks = iter(range(10 ** 6))
@@ -227,7 +228,7 @@ def test_rewarm_replays_the_rotation_until_min_s():
     repeated until min_s passed."""
     import time
 
-    from hinamoe.bench.common import rewarm
+    from hinamoe.bench.quiet import rewarm
 
     calls = []
     steps = [lambda k=k: calls.append(k) for k in (2, 0, 1)]
@@ -254,7 +255,7 @@ def test_other_load_sees_a_busy_neighbour():
     import sys
     import time
 
-    from hinamoe.bench.common import OtherLoad
+    from hinamoe.bench.quiet import OtherLoad
 
     load = OtherLoad()
     if load.t0 is None:

@@ -10,11 +10,12 @@ import json
 
 import numpy as np
 import pytest
-from moe_reference import check_close, reference_for
 
 from hinamoe.bench import ggml_ffn, ggml_lib
 from hinamoe.bench.cli import main
 from hinamoe.models import MoEConfig, build_moe_model, model_path, np_dtype
+
+from support.moe_reference import check_close, reference_for
 
 
 def _ggml_or_skip():

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from bench_checks import check_probe_arithmetic
 
 from hinamoe.bench.cli import build_parser, main
+
+from support.bench_checks import check_probe_arithmetic
 
 
 def test_help_lists_options(capsys):

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-from serve_support import server, tiny_model  # noqa: F401,E402  (fixtures)
+from support.serve_support import server, tiny_model  # noqa: F401,E402  (fixtures)
 
 
 def test_bench_serve_counts_every_request(server, tmp_path, capsys):  # noqa: F811
@@ -32,7 +32,8 @@ def test_bench_serve_counts_every_request(server, tmp_path, capsys):  # noqa: F8
 
 def test_bench_serve_reports_an_unreachable_server(capsys):
     from hinamoe.bench.cli import main
-    from serve_support import free_port
+
+    from support.serve_support import free_port
 
     assert main(["serve", f"http://127.0.0.1:{free_port()}", "--rounds", "1"]) == 2
     assert "no /v1/models answer" in capsys.readouterr().out

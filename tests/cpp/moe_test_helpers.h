@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "moe_ffn.h"
+#include "moe/moe_ffn.h"
 #include "test_util.h"
 #include "tier.h"
 #include "tiers_here.h"

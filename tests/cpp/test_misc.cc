@@ -8,7 +8,7 @@
 #include "bandwidth.h"
 #include "fma_peak.h"
 #include "c_api.h"
-#include "moe_ffn.h"
+#include "moe/moe_ffn.h"
 #include "scratch.h"
 #include "test_util.h"
 #include "thread_pool.h"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <memory>
 
-#include "moe_ffn.h"
+#include "moe/moe_ffn.h"
 #include "ref_moe.h"
 #include "test_util.h"
 #include "moe_test_helpers.h"

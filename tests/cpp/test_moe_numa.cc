@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "c_api.h"
-#include "moe_ffn.h"
+#include "moe/moe_ffn.h"
 #include "numa/plan_cache.h"
 #include "numa/topology.h"
 #include "ref_moe.h"

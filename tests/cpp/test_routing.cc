@@ -2,9 +2,9 @@
 // weights), tie order, NaN / inf handling, skipped routes and grouping.
 #include <algorithm>
 
-#include "moe_ffn.h"
+#include "moe/moe_ffn.h"
 #include "ref_moe.h"
-#include "routing.h"
+#include "moe/routing.h"
 #include "thread_pool.h"
 #include "test_util.h"
 

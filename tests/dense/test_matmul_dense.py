@@ -13,9 +13,11 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import cpu_session, error_text, hina_session, profile_node_providers, require_isa
 from hinamoe.models import build_matmul_model
 from hinamoe.models.moe_layer import _ortvalue, np_dtype
+
+from support.runtime import require_isa
+from support.sessions import cpu_session, error_text, hina_session, profile_node_providers
 
 ISAS = ["ref", "avx2", "avx512", "amx", "amx-emu"]
 DTYPES = ["float16", "bfloat16"]

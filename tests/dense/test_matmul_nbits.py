@@ -13,12 +13,15 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import TILES_ON, cpu_session, error_text, profile_node_providers, require_isa, tiles_in_effect
-from conftest import hina_session as _hina_session
 from hinamoe.models import MatMulNBitsConfig, build_matmul_nbits_model
 from hinamoe.models.moe_layer import _ortvalue, np_dtype
-from moe_reference import check_close
-from quant_reference import matmul_nbits_reference as reference
+
+from support.moe_reference import check_close
+from support.quant_reference import matmul_nbits_reference as reference
+from support.runtime import TILES_ON, require_isa, tiles_in_effect
+from support.sessions import cpu_session, error_text
+from support.sessions import hina_session as _hina_session
+from support.sessions import profile_node_providers
 
 
 def hina_session(model, **kw):

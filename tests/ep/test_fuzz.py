@@ -9,7 +9,7 @@ hang is a reported failure with the case's replay command.
 * ``test_fuzz_long`` (``-m slow``): fresh cases from the run's seed for
   ``HINAMOE_FUZZ_SECONDS`` seconds (default 600)::
 
-      HINAMOE_FUZZ_SECONDS=1800 python -m pytest tests/test_fuzz.py -m slow -s
+      HINAMOE_FUZZ_SECONDS=1800 python -m pytest tests/ep/test_fuzz.py -m slow -s
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import time
 import numpy as np
 import pytest
 
-import fuzz_cases
-from fuzz_worker import format_failures, run_batch
+from support import fuzz_cases
+from support.fuzz_worker import format_failures, run_batch
 
 CI_SEED = 20261201
 

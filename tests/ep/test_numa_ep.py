@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 
 import hinamoe
-from conftest import error_text, hina_session, require_isa
 from hinamoe.models import MoEConfig, build_moe_model, random_input, random_logits, run_moe
-from moe_cases import ACT_FUSION_IDS, ACT_FUSIONS, DTYPES, check_ep_against_reference, random_config
-from moe_reference import check_close, reference_for
+
+from support.moe_cases import ACT_FUSION_IDS, ACT_FUSIONS, DTYPES, check_ep_against_reference, random_config
+from support.moe_reference import check_close, reference_for
+from support.runtime import require_isa
+from support.sessions import error_text, hina_session
 
 
 @pytest.mark.parametrize("nodes", [2, 4, 8])
@@ -78,7 +80,7 @@ def test_run_under_numactl_interleave(tmp_path, seed):
         import hinamoe
         sys.path.insert(0, sys.argv[1])
         from hinamoe.models import MoEConfig, build_moe_model, random_input, random_logits, run_moe
-        from moe_reference import check_close, reference_for
+        from support.moe_reference import check_close, reference_for
         rng = np.random.default_rng(int(sys.argv[2]))
         cfg = MoEConfig(hidden=200, inter=136, experts=8, k=2, activation="swiglu", swiglu_fusion=1)
         model, w = build_moe_model(cfg, rng=rng)
@@ -91,7 +93,9 @@ def test_run_under_numactl_interleave(tmp_path, seed):
         check_close(run_moe(sess, x, lg), reference_for(cfg, x, lg, w), cfg.dtype, "numactl")
         print("nodes", hinamoe.numa_nodes("auto"))
     """))
-    tests_dir = str(__import__("pathlib").Path(__file__).parent)
+    from support import TESTS_DIR
+
+    tests_dir = str(TESTS_DIR)
     proc = subprocess.run(["numactl", "--interleave=all", sys.executable, str(script), tests_dir, str(seed)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -11,9 +11,10 @@ import textwrap
 import pytest
 
 import hinamoe
-
-from conftest import REPO_ROOT, error_text, hina_session
 from hinamoe.models import MoEConfig, build_moe_model, random_input, random_logits, run_moe
+
+from support import REPO_ROOT
+from support.sessions import error_text, hina_session
 
 TIERS = ("ref", "avx2", "avx512", "amx")
 
@@ -116,7 +117,7 @@ def test_isa_env_var():
     code = """
         import sys, onnxruntime as ort, hinamoe
         sys.path.insert(0, ".")
-        import conftest
+        from support.sessions import error_text
         from hinamoe.models import MoEConfig, build_moe_model
         m, _ = build_moe_model(MoEConfig(hidden=16, inter=8, experts=2, k=1, activation="relu"))
         so = ort.SessionOptions()
@@ -125,7 +126,7 @@ def test_isa_env_var():
             s = ort.InferenceSession(m.SerializeToString(), so, providers=["HinaMoE"])
             print("OK", s.get_providers()[0])
         except Exception as e:
-            print("ERR", conftest.error_text(e))
+            print("ERR", error_text(e))
     """
     good = _python(code, {"HINAMOE_ISA": "ref"})
     assert good.returncode == 0 and "OK HinaMoE" in good.stdout, good.stdout + good.stderr

@@ -9,11 +9,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import cpu_session, error_text, hina_session
-from gqa_cases import check_close
-from hinamoe.models import (GQAConfig, KVCache, MatMulNBitsConfig, MoEConfig, build_gqa_model, build_matmul_nbits_model,
-                            build_moe_model, random_input, random_logits, random_step, run_gqa, run_moe)
-from moe_reference import reference_for
+from hinamoe.models import (
+    GQAConfig,
+    KVCache,
+    MatMulNBitsConfig,
+    MoEConfig,
+    build_gqa_model,
+    build_matmul_nbits_model,
+    build_moe_model,
+    random_input,
+    random_logits,
+    random_step,
+    run_gqa,
+    run_moe,
+)
+
+from support.gqa_cases import check_close
+from support.moe_reference import reference_for
+from support.sessions import cpu_session, error_text, hina_session
 
 
 def _unsupported_models(rng):

@@ -11,9 +11,9 @@ import onnx
 import pytest
 import torch
 
-from conftest import cpu_session
-from export_fixtures import ARCHS, PATCHED_ARCHS
-from export_reference import compare_steps, decode_tokens, left_padded_batch, ort_steps, torch_steps
+from support.export_fixtures import ARCHS, PATCHED_ARCHS
+from support.export_reference import compare_steps, decode_tokens, left_padded_batch, ort_steps, torch_steps
+from support.sessions import cpu_session
 
 # fp32 end to end; differences come from summation order only (~1e-6 seen).
 RTOL = ATOL = 1e-4

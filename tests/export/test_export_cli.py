@@ -14,11 +14,12 @@ import onnx
 import pytest
 import torch
 
-from conftest import cpu_session
-from export_fixtures import ARCHS
-from fusion_checks import profile_nodes
-from export_reference import compare_steps, decode_tokens, left_padded_batch, ort_steps, torch_steps
 from hinamoe.export import cli
+
+from support.export_fixtures import ARCHS
+from support.export_reference import compare_steps, decode_tokens, left_padded_batch, ort_steps, torch_steps
+from support.fusion_checks import profile_nodes
+from support.sessions import cpu_session
 
 
 def _run_cli(args, capsys):

@@ -11,9 +11,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
-
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import convert_model_to_external_data
 
 from hinamoe.export import ExportError, save_model
@@ -77,8 +75,8 @@ def test_save_model_reads_external_constant_values(tmp_path, rng):
     """optimum's export of a model over 2 GB keeps some Constant values in its
     data file; written elsewhere they must still be there (ir.save moves only
     initializers to the new data file)."""
-    import onnxruntime as ort
     import onnx_ir as ir
+    import onnxruntime as ort
 
     c = rng.standard_normal((1, 64, 1)).astype(np.float32)
     w = rng.standard_normal((64, 8)).astype(np.float32)

@@ -16,13 +16,14 @@ import onnx
 import pytest
 import torch
 
-from export_fixtures import ARCHS
+from support.export_fixtures import ARCHS
 
 og = pytest.importorskip("onnxruntime_genai")
 
 import hinamoe.genai  # noqa: E402
-from genai_support import cpu_model, greedy  # noqa: E402
 from hinamoe.serve.model_folder import read_model_folder  # noqa: E402
+
+from support.genai_support import cpu_model, greedy  # noqa: E402
 
 NEW_TOKENS = 10
 ATOL = RTOL = 2e-4  # fp32 both sides; summation order only

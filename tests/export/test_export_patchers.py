@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from export_fixtures import ARCHS, PATCHED_ARCHS
 from hinamoe.models import hf_tiny
+
+from support.export_fixtures import ARCHS, PATCHED_ARCHS
 
 
 def _moe_blocks(model):

@@ -25,12 +25,13 @@ import onnx
 import pytest
 import torch
 
-from conftest import cpu_session
-from export_fixtures import ARCHS
-from fusion_checks import profile_nodes
-from export_reference import compare_steps, decode_tokens, left_padded_batch, ort_steps
 from hinamoe.export import cli
-from quant_reference import dequantised_twin
+
+from support.export_fixtures import ARCHS
+from support.export_reference import compare_steps, decode_tokens, left_padded_batch, ort_steps
+from support.fusion_checks import profile_nodes
+from support.quant_reference import dequantised_twin
+from support.sessions import cpu_session
 
 # Where the quantised model runs (on HinaMoE, the profile must show every
 # QMoE and GroupQueryAttention node there).

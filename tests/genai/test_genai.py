@@ -28,8 +28,9 @@ if int(transformers.__version__.split(".")[0]) < 5:
 import onnx  # noqa: E402
 
 import hinamoe.genai  # noqa: E402
-from genai_support import cpu_model, greedy  # noqa: E402
 from hinamoe.models import hf_tiny  # noqa: E402
+
+from support.genai_support import cpu_model, greedy  # noqa: E402
 
 ATTENTION_AND_EXPERTS = ("MoE", "QMoE", "GroupQueryAttention")
 NEW_TOKENS = 20

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import hina_session, require_isa
-from gqa_cases import FEATURES, random_config, run_groups_and_head_dims, run_separate, run_sequence
 from hinamoe.models import GQAConfig, build_gqa_model
+
+from support.gqa_cases import FEATURES, random_config, run_groups_and_head_dims, run_separate, run_sequence
+from support.runtime import require_isa
+from support.sessions import hina_session
 
 # amx-emu: the AMX tile kernel on the emulator; avx2 widens bf16 K/V on load.
 ISAS = ["ref", "avx2", "amx-emu"]

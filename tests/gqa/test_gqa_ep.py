@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import available_isas, cpu_session, hina_session, require_isa
-from gqa_cases import (FEATURES, check_close, random_config, run_groups_and_head_dims, run_separate,
-                       run_sequence)
-from gqa_reference import gqa_reference
 from hinamoe.models import GQAConfig, build_gqa_model, prompt_step, run_gqa
+
+from support.gqa_cases import FEATURES, check_close, random_config, run_groups_and_head_dims, run_separate, run_sequence
+from support.gqa_reference import gqa_reference
+from support.runtime import available_isas, require_isa
+from support.sessions import cpu_session, hina_session
 
 ISAS = ["ref", "avx2"]
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import error_text, hina_session
-from gqa_cases import check_close
-from gqa_reference import gqa_reference
 from hinamoe.models import GQAConfig, KVCache, build_gqa_model, random_step, run_gqa, run_gqa_shared
-from test_ep_errors import relax_inputs
+
+from support.bad_input import relax_inputs
+from support.gqa_cases import check_close
+from support.gqa_reference import gqa_reference
+from support.sessions import error_text, hina_session
 
 BASE = dict(num_heads=8, kv_num_heads=2, head_dim=64)
 
@@ -122,7 +123,7 @@ def test_inconsistent_past_buffer_refused_as_ort_does(past_cap, new, seqlen, tot
     """total_sequence_length must be past_key dim 2 + S (a growing cache) or
     at most past_key dim 2 (a preallocated one): ORT's CPU EP refuses the
     rest, and so does HinaMoE, naming the node and the inputs."""
-    from conftest import cpu_session
+    from support.sessions import cpu_session
 
     cfg = GQAConfig(num_heads=4, kv_num_heads=1, head_dim=16)
     model = build_gqa_model(cfg)

@@ -13,10 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import cpu_session, hina_session, require_isa
-from gqa_cases import check_same_nonfinite
-from gqa_reference import gqa_reference
 from hinamoe.models import GQAConfig, KVCache, build_gqa_model, prompt_step, random_step, run_gqa
+
+from support.gqa_cases import check_same_nonfinite
+from support.gqa_reference import gqa_reference
+from support.runtime import require_isa
+from support.sessions import cpu_session, hina_session
 
 ISAS = ["ref", "avx2", "amx-emu"]
 

@@ -10,8 +10,10 @@ import os
 import numpy as np
 import pytest
 
-from conftest import ORT_GQA_INPUTS, hina_session, profile_node_providers
 from hinamoe.models import GQAConfig, KVCache, build_gqa_model, random_step, run_gqa
+
+from support.runtime import ORT_GQA_INPUTS
+from support.sessions import hina_session, profile_node_providers
 
 BASE = dict(num_heads=8, kv_num_heads=2, head_dim=64)
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import cpu_session
-from gqa_cases import FEATURES, check_close, random_config, run_separate, run_sequence
-from gqa_reference import gqa_reference
 from hinamoe.models import GQAConfig, KVCache, build_gqa_model, prompt_step, run_gqa_shared
+
+from support.gqa_cases import FEATURES, check_close, random_config, run_separate, run_sequence
+from support.gqa_reference import gqa_reference
+from support.sessions import cpu_session
 
 
 @pytest.mark.parametrize("feature", list(FEATURES))

@@ -9,9 +9,11 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import hina_session, require_isa
-from gqa_cases import run_sequence
 from hinamoe.models import GQAConfig, build_gqa_model
+
+from support.gqa_cases import run_sequence
+from support.runtime import require_isa
+from support.sessions import hina_session
 
 
 @pytest.mark.parametrize("isa", ["ref", "avx2"])

@@ -12,10 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import cpu_session, error_text, hina_session, require_isa
-from gqa_cases import check_close, check_same_nonfinite
-from gqa_reference import gqa_reference
 from hinamoe.models import GQAConfig, KVCache, build_gqa_model, prompt_step, random_step, run_gqa, run_gqa_shared
+
+from support.gqa_cases import check_close, check_same_nonfinite
+from support.gqa_reference import gqa_reference
+from support.runtime import require_isa
+from support.sessions import cpu_session, error_text, hina_session
 
 ISAS = ["ref", "avx2", "amx-emu"]
 

@@ -11,11 +11,12 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import cpu_session, hina_session
-from fusion_checks import as_bytes, moe_node_names, node_providers, op_counts, run_pass
 from hinamoe.graph_passes import dtype as dtype_pass
 from hinamoe.graph_passes import moe_fusion, run_passes
-from unfused_moe_graph import build_unfused_block, random_block_weights, reference_block
+
+from support.fusion_checks import as_bytes, moe_node_names, node_providers, op_counts, run_pass
+from support.sessions import cpu_session, hina_session
+from support.unfused_moe_graph import build_unfused_block, random_block_weights, reference_block
 
 NUMPY = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 # Relative to the output's scale: weights and activations rounded to the

@@ -17,8 +17,9 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import cpu_session, hina_session
 from hinamoe.graph_passes import gqa_fusion, run_passes
+
+from support.sessions import cpu_session, hina_session
 
 ARCHS = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss"]
 DECODE_STEPS = 3

@@ -14,8 +14,9 @@ from __future__ import annotations
 import onnx_ir as ir
 import pytest
 
-from fusion_checks import assert_same_model, moe_routers, pass_pair, session_maker
 from hinamoe.graph_passes import matmul_packing
+
+from support.fusion_checks import assert_same_model, moe_routers, pass_pair, session_maker
 
 ARCHS = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss"]
 BEFORE = ["moe-fusion", "gqa", "shapes", "rms-norm"]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import cpu_session, hina_session
-from fusion_checks import (UNFUSED_MOE_OPS, as_bytes, moe_node_names, node_providers, op_counts,
-                           run_pass)
 from hinamoe.graph_passes import PASSES, moe_fusion, run_passes
-from dense_moe_graph import build_dense_block, random_dense_weights, reference_dense_block
-from unfused_moe_graph import build_unfused_block, random_block_weights, reference_block
+
+from support.dense_moe_graph import build_dense_block, random_dense_weights, reference_dense_block
+from support.fusion_checks import UNFUSED_MOE_OPS, as_bytes, moe_node_names, node_providers, op_counts, run_pass
+from support.sessions import cpu_session, hina_session
+from support.unfused_moe_graph import build_unfused_block, random_block_weights, reference_block
 
 
 def _random_block(rng, normalize, shared, mutate=None):

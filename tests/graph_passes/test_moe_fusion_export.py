@@ -28,12 +28,22 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 import pytest
 
-from conftest import cpu_session, hina_session
-from export_reference import left_padded_batch
-from fusion_checks import (UNFUSED_MOE_OPS, clear_routing_steps, greedy_steps, moe_node_names, moe_routers,
-                           node_providers, op_counts, tap_moe_nodes, with_outputs)
 from hinamoe.graph_passes import run_passes
-from moe_reference import check_close, moe_reference
+
+from support.export_reference import left_padded_batch
+from support.fusion_checks import (
+    UNFUSED_MOE_OPS,
+    clear_routing_steps,
+    greedy_steps,
+    moe_node_names,
+    moe_routers,
+    node_providers,
+    op_counts,
+    tap_moe_nodes,
+    with_outputs,
+)
+from support.moe_reference import check_close, moe_reference
+from support.sessions import cpu_session, hina_session
 
 ARCHS = [pytest.param("mixtral", marks=pytest.mark.slow), "qwen2_moe",
          pytest.param("qwen3_moe", marks=pytest.mark.slow),

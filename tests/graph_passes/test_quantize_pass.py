@@ -12,15 +12,15 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import cpu_session, hina_session
-from dense_moe_graph import build_dense_block, random_dense_weights
-from fusion_checks import as_bytes, run_pass
 from hinamoe.graph_passes import moe_fusion, qmoe_quant, quantize, run_passes
 from hinamoe.graph_passes.moe_block import interleave
-from moe_reference import check_close
-from quant_reference import (matmul_nbits_weight, qmoe_reference, qmoe_reference_int8_activations,
-                             qmoe_weights)
-from unfused_moe_graph import build_unfused_block, random_block_weights
+
+from support.dense_moe_graph import build_dense_block, random_dense_weights
+from support.fusion_checks import as_bytes, run_pass
+from support.moe_reference import check_close
+from support.quant_reference import matmul_nbits_weight, qmoe_reference, qmoe_reference_int8_activations, qmoe_weights
+from support.sessions import cpu_session, hina_session
+from support.unfused_moe_graph import build_unfused_block, random_block_weights
 
 # Where the quantised nodes run (on HinaMoE under strict=1: see _session).
 PROVIDERS = ["CPUExecutionProvider", "HinaMoE"]

@@ -20,9 +20,10 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import cpu_session
-from fusion_checks import assert_same_model, pass_pair, session_maker
 from hinamoe.graph_passes import rms_norm
+
+from support.fusion_checks import assert_same_model, pass_pair, session_maker
+from support.sessions import cpu_session
 
 ARCHS = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss"]
 BEFORE = ["moe-fusion", "gqa", "shapes"]

@@ -29,10 +29,11 @@ def test_real_shape_rejects_too_few_experts():
 def test_real_shape_exports_and_matches_pytorch(tmp_path, rng):
     from transformers import AutoModelForCausalLM
 
-    from conftest import cpu_session
-    from export_reference import compare_steps, decode_tokens, left_padded_batch, ort_steps, torch_steps
     from hinamoe.export import export_unfused
     from hinamoe.models.hf_real_shape import build_real_shape
+
+    from support.export_reference import compare_steps, decode_tokens, left_padded_batch, ort_steps, torch_steps
+    from support.sessions import cpu_session
 
     ckpt = build_real_shape("qwen3-30b-a3b", tmp_path / "hf", layers=1, experts=8, vocab=512)
     model = export_unfused(ckpt, tmp_path / "onnx")

@@ -104,7 +104,7 @@ def test_real_shape_gpt_oss_for_genai():
 
 @pytest.mark.parametrize("arch", sorted(hf_tiny.GENAI_RECIPES))
 def test_genai_recipe_builds_and_loads(arch, tmp_path, seed):
-    """The checkpoints for onnxruntime-genai's builder (tests/test_genai.py)
+    """The checkpoints for onnxruntime-genai's builder (tests/genai/test_genai.py)
     build and load back; LFM2-MoE and Qwen3.5-MoE exist in transformers 5 only."""
     try:
         cfg = hf_tiny.GENAI_RECIPES[arch]()

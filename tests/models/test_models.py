@@ -7,12 +7,25 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import cpu_session
-from hinamoe.models import (DEFAULT_BENCH_MODELS, SHAPES, MoEConfig, RoutingPlan,
-                            build_moe_model, crafted_logits, expert_token_counts, get_shape,
-                            model_path, random_input, random_logits, rotating_active_sets,
-                            run_moe, tokens_for)
-from moe_reference import check_close, reference_for, route
+from hinamoe.models import (
+    DEFAULT_BENCH_MODELS,
+    SHAPES,
+    MoEConfig,
+    RoutingPlan,
+    build_moe_model,
+    crafted_logits,
+    expert_token_counts,
+    get_shape,
+    model_path,
+    random_input,
+    random_logits,
+    rotating_active_sets,
+    run_moe,
+    tokens_for,
+)
+
+from support.moe_reference import check_close, reference_for, route
+from support.sessions import cpu_session
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 8, 16])

@@ -17,10 +17,19 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from conftest import hina_session
-from hinamoe.models.tiny_lm import (Generator, TinyLMConfig, build_tiny_lm, make_session, op_counts,
-                                    placement, random_prompt, random_tiny_lm_weights)
-from moe_reference import TOLERANCES, moe_reference
+from hinamoe.models.tiny_lm import (
+    Generator,
+    TinyLMConfig,
+    build_tiny_lm,
+    make_session,
+    op_counts,
+    placement,
+    random_prompt,
+    random_tiny_lm_weights,
+)
+
+from support.moe_reference import TOLERANCES, moe_reference
+from support.sessions import hina_session
 
 # Small, not powers of two (kernel tails), GQA with 3 query heads per KV head.
 SMALL = dict(layers=2, hidden=96, heads=6, kv_heads=2, inter=80, experts=8, k=2, vocab=200, max_length=64)
@@ -86,7 +95,7 @@ def _top2_gap(logits: np.ndarray) -> np.ndarray:
 
 
 def _check_close(out, ref, what: str, factor: float = 1.0) -> float:
-    """float32 tolerance (tests/moe_reference.py's) scaled by ``factor`` for
+    """float32 tolerance (tests/support/moe_reference.py's) scaled by ``factor`` for
     a 2-layer network; returns the worst error / allowed."""
     atol, rtol = TOLERANCES["float32"]
     o, r = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)

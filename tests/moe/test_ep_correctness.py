@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import ORT_HAS_LIMIT_AFTER_ACTIVATION, hina_session, require_isa
-from hinamoe.models import (MoEConfig, RoutingPlan, build_moe_model, random_input,
-                            random_logits, run_moe, weight_feeds)
-from moe_cases import (ACT_FUSION_IDS, ACT_FUSIONS, DTYPES, check_ep_against_reference,
-                       random_config)
-from moe_reference import check_close, reference_for
+from hinamoe.models import MoEConfig, RoutingPlan, build_moe_model, random_input, random_logits, run_moe, weight_feeds
+
+from support.moe_cases import ACT_FUSION_IDS, ACT_FUSIONS, DTYPES, check_ep_against_reference, random_config
+from support.moe_reference import check_close, reference_for
+from support.runtime import ORT_HAS_LIMIT_AFTER_ACTIVATION, require_isa
+from support.sessions import hina_session
 
 ISAS = ["ref", "avx2", "avx512", "amx"]  # avx512 / amx skip where the CPU lacks them
 

@@ -8,30 +8,14 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import error_text, hina_session
-from hinamoe.models import (MoEConfig, build_moe_model, random_input, random_logits,
-                            run_moe, weight_feeds)
-from moe_reference import check_close, reference_for
+from hinamoe.models import MoEConfig, build_moe_model, random_input, random_logits, run_moe, weight_feeds
 
-
-def relax_inputs(model: onnx.ModelProto, unknown_rank: bool = False) -> onnx.ModelProto:
-    """Make every graph input's dims symbolic (or drop the shape entirely) so
-    ORT does not reject a badly shaped feed before the kernel sees it."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for vi in list(m.graph.input) + list(m.graph.output):
-        tt = vi.type.tensor_type
-        if unknown_rank:
-            tt.ClearField("shape")
-        else:
-            for j, d in enumerate(tt.shape.dim):
-                d.ClearField("dim_value")
-                d.dim_param = f"{vi.name}_d{j}"
-    return m
+from support.bad_input import relax_inputs
+from support.moe_reference import check_close, reference_for
+from support.sessions import error_text, hina_session
 
 
 def _err_text(excinfo) -> str:

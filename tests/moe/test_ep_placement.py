@@ -9,11 +9,11 @@ import os
 import numpy as np
 import pytest
 
-from conftest import (CPU_EP_F16_MOE_OK, cpu_session, hina_session, profile_node_providers,
-                      require_isa)
-from hinamoe.models import (MoEConfig, build_moe_model, random_input, random_logits,
-                            run_moe, weight_feeds)
-from moe_reference import check_close, reference_for
+from hinamoe.models import MoEConfig, build_moe_model, random_input, random_logits, run_moe, weight_feeds
+
+from support.moe_reference import check_close, reference_for
+from support.runtime import CPU_EP_F16_MOE_OK, require_isa
+from support.sessions import cpu_session, hina_session, profile_node_providers
 
 
 def _profile(sess, x, lg, feeds=None) -> dict:

@@ -6,9 +6,11 @@ import threading
 
 import pytest
 
-from conftest import hina_session, require_isa
 from hinamoe.models import MoEConfig, build_moe_model, random_input, random_logits, run_moe
-from moe_reference import check_close, reference_for
+
+from support.moe_reference import check_close, reference_for
+from support.runtime import require_isa
+from support.sessions import hina_session
 
 
 @pytest.mark.parametrize("isa", ["ref", "avx2", "avx512"])

@@ -7,11 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import cpu_session
-from hinamoe.models import (MoEConfig, build_moe_model, random_input, random_logits,
-                            weight_feeds, run_moe)
-from moe_reference import (check_close, gelu_tanh, moe_reference, reference_for, route,
-                           sigmoid)
+from hinamoe.models import MoEConfig, build_moe_model, random_input, random_logits, run_moe, weight_feeds
+
+from support.moe_reference import check_close, gelu_tanh, moe_reference, reference_for, route, sigmoid
+from support.sessions import cpu_session
 
 CPU_ACTS = ["relu", "gelu", "silu", "identity", "swiglu"]
 
@@ -114,7 +113,7 @@ def test_reference_activation_formulas():
     np.testing.assert_allclose(sigmoid(v), 1 / (1 + np.exp(-v)))
     np.testing.assert_allclose(
         gelu_tanh(v), 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3))))
-    from moe_reference import gated_activate
+    from support.moe_reference import gated_activate
 
     g, u = v, v[::-1].copy()
     lim = 2.0

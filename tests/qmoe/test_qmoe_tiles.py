@@ -9,10 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import TILES_ON, error_text, hina_session, require_isa
 from hinamoe.models import QMoEConfig, build_qmoe_model, run_moe
-from moe_reference import check_close
-from qmoe_reference import qmoe_reference
+
+from support.moe_reference import check_close
+from support.qmoe_reference import qmoe_reference
+from support.runtime import TILES_ON, require_isa
+from support.sessions import error_text, hina_session
 
 OFF = {"bf16_tiles": "off"}
 

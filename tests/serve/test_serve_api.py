@@ -17,7 +17,7 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from serve_support import MODEL_NAME, Server, server, tiny_model  # noqa: F401,E402  (fixtures)
+from support.serve_support import MODEL_NAME, Server, server, tiny_model  # noqa: F401,E402  (fixtures)
 
 
 def client(srv, **kw):

@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from serve_support import tiny_model  # noqa: F401  (fixture)
-
 from hinamoe.serve import Engine, Runner, SamplingParams, make_session, read_model_folder
+
+from support.serve_support import tiny_model  # noqa: F401  (fixture)
 
 
 def greedy_params(n: int) -> SamplingParams:

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("ray.serve")
 openai = pytest.importorskip("openai")
 
-from serve_support import MODEL_NAME, free_port, tiny_model  # noqa: F401,E402  (fixture)
+from support.serve_support import MODEL_NAME, free_port, tiny_model  # noqa: F401,E402  (fixture)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import pytest
 from hinamoe.serve.kv_batch import KVBatch
 from hinamoe.serve.sampling import SamplingParams, sample
 
-
 # ------------------------------------------------------------ sampling
 
 

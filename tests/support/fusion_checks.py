@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from export_reference import position_ids
+from support.export_reference import position_ids
 
 UNFUSED_MOE_OPS = ("NonZero", "ScatterElements", "OneHot")
 
@@ -202,7 +202,7 @@ def pass_pair(path, before: list[str], added: str, **options):
 
 def random_left_padded(rng: np.random.Generator, vocab: int):
     """A batch of 2 rows, 5-8 and 2-4 real tokens, left-padded."""
-    from export_reference import left_padded_batch
+    from support.export_reference import left_padded_batch
 
     return left_padded_batch(rng, vocab, lengths=(int(rng.integers(5, 9)), int(rng.integers(2, 5))))
 
@@ -234,7 +234,7 @@ def assert_same_model(before: ir.Model, after: ir.Model, make_session, rng: np.r
 def session_maker(ep: str):
     """model bytes -> session: ORT's CPU EP ("CPU"), or HinaMoE with the CPU
     EP behind it for the nodes it does not claim ("HinaMoE")."""
-    from conftest import cpu_session, hina_session
+    from support.sessions import cpu_session, hina_session
 
     if ep == "CPU":
         return cpu_session

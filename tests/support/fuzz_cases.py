@@ -10,7 +10,7 @@ A case is a small JSON-able dict (``generate(op, rng)``); ``run_case(case)``
 rebuilds everything from it, so a failing case replays from its printed
 parameters alone::
 
-    python tests/fuzz_worker.py --replay '{"op": "gqa", "seed": 5, ...}'
+    python tests/support/fuzz_worker.py --replay '{"op": "gqa", "seed": 5, ...}'
 
 ``run_case`` returns a short verdict ("ok", "refused: ...") or raises
 AssertionError. Crashes and hangs are the worker's business
@@ -22,7 +22,7 @@ accuracy_level 0/4; NaN/Inf tokens, tied/huge/NaN router logits, NaN
 scales; scales and zero points of wrong shapes, a block_size not a power of
 two, 2/3-bit weights. Against the CPU EP (floating-point experts:
 ``ORT_QMOE_CPU_QNBIT_GEMM=fp32``) where it runs the node, always against
-the float64 dequantising reference (tests/qmoe_reference.py).
+the float64 dequantising reference (tests/support/qmoe_reference.py).
 
 Adding an op: write ``gen_<op>(rng) -> dict`` and ``run_<op>(case) -> str``
 and register both in ``OPS``.
@@ -32,16 +32,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from conftest import CPU_EP_F16_MOE_OK, cpu_session, error_text, hina_session
-from gqa_cases import check_close as gqa_check_close
-from gqa_cases import check_same_nonfinite
-from gqa_reference import gqa_reference
-from hinamoe.models import (GQAConfig, KVCache, build_gqa_model, build_moe_model, np_dtype, prompt_step,
-                            random_input, random_logits, random_step, run_gqa, run_gqa_shared, run_moe,
-                            weight_feeds)
-from moe_cases import ACT_FUSIONS, random_config
-from moe_reference import check_close as moe_check_close
-from moe_reference import reference_for
+from hinamoe.models import (
+    GQAConfig,
+    KVCache,
+    build_gqa_model,
+    build_moe_model,
+    np_dtype,
+    prompt_step,
+    random_input,
+    random_logits,
+    random_step,
+    run_gqa,
+    run_gqa_shared,
+    run_moe,
+    weight_feeds,
+)
+
+from support.gqa_cases import check_close as gqa_check_close
+from support.gqa_cases import check_same_nonfinite
+from support.gqa_reference import gqa_reference
+from support.moe_cases import ACT_FUSIONS, random_config
+from support.moe_reference import check_close as moe_check_close
+from support.moe_reference import reference_for
+from support.runtime import CPU_EP_F16_MOE_OK
+from support.sessions import cpu_session, error_text, hina_session
 
 ISAS = ("ref", "avx2", "avx512", "amx-emu")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -324,7 +338,7 @@ def _window_inputs(c, cfg, rng):
 
 
 def run_gqa_case(c) -> str:
-    from test_ep_errors import relax_inputs
+    from support.bad_input import relax_inputs
 
     if c.get("window_capacity"):
         return run_gqa_window_case(c)
@@ -605,7 +619,8 @@ def run_qmoe_case(c) -> str:
     import os
 
     from hinamoe.models import build_qmoe_model
-    from qmoe_reference import qmoe_reference
+
+    from support.qmoe_reference import qmoe_reference
 
     rng = np.random.default_rng(c["seed"])
     cfg = _qmoe_config(c)
@@ -721,10 +736,11 @@ def gen_mmnb(rng) -> dict:
 
 
 def run_mmnb_case(c) -> str:
-    from conftest import tiles_in_effect
     from hinamoe.models import MatMulNBitsConfig, build_matmul_nbits_model
     from hinamoe.models.moe_layer import _ortvalue
-    from quant_reference import matmul_nbits_reference
+
+    from support.quant_reference import matmul_nbits_reference
+    from support.runtime import tiles_in_effect
 
     rng = np.random.default_rng(c["seed"])
     cfg = MatMulNBitsConfig(K=c["k"], N=c["n"], bits=c["bits"], block_size=c["block"], dtype=c["dtype"],
@@ -895,7 +911,7 @@ def generate_mix(rng, n: int, ops=None) -> list[dict]:
 
 
 def run_case(case: dict) -> str:
-    from conftest import available_isas
+    from support.runtime import available_isas
 
     if case["isa"] not in available_isas():
         return f"skipped: isa {case['isa']} not available here"

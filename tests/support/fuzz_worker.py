@@ -2,8 +2,8 @@
 on stdout, so that a parent (``run_batch``) sees which case was running when
 a crash or hang ended the process.
 
-    python tests/fuzz_worker.py CASES.jsonl     # worker: one case per line
-    python tests/fuzz_worker.py --replay JSON   # one case, verbose, in this process
+    python tests/support/fuzz_worker.py CASES.jsonl     # worker: one case per line
+    python tests/support/fuzz_worker.py --replay JSON   # one case, verbose, in this process
 
 Worker protocol: ``{"start": i}`` before case i, then ``{"done": i,
 "verdict": ...}`` or ``{"done": i, "failure": ...}``.
@@ -21,7 +21,8 @@ import time
 import traceback
 from pathlib import Path
 
-TESTS_DIR = Path(__file__).resolve().parent
+# A subprocess entry point: tests/ on the path, as pytest's pythonpath puts it.
+TESTS_DIR = Path(__file__).resolve().parent.parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
@@ -32,8 +33,7 @@ def _emit(obj) -> None:
 
 
 def worker(path: str) -> None:
-    import fuzz_cases
-
+    from support import fuzz_cases
     with open(path) as f:
         cases = [json.loads(line) for line in f if line.strip()]
     for i, case in enumerate(cases):
@@ -52,7 +52,7 @@ def worker(path: str) -> None:
 
 
 def replay_command(case: dict) -> str:
-    return f"python tests/fuzz_worker.py --replay '{json.dumps(case)}'"
+    return f"python tests/support/fuzz_worker.py --replay '{json.dumps(case)}'"
 
 
 def run_batch(cases: list[dict], workdir: Path, case_timeout: float = 60.0) -> tuple[list[dict], dict]:
@@ -150,8 +150,7 @@ def format_failures(failures: list[dict], limit: int = 10) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--replay":
-        import fuzz_cases
-
+        from support import fuzz_cases
         case = json.loads(sys.argv[2])
         print(json.dumps(case, indent=1))
         print("verdict:", fuzz_cases.run_case(case))

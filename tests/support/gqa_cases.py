@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gqa_reference import gqa_reference
 from hinamoe.models import GQAConfig, KVCache, build_gqa_model, prompt_step, random_step, run_gqa, run_gqa_shared
+
+from support.gqa_reference import gqa_reference
 
 # (atol, rtol) against the float64 reference. float32: dot products over
 # d <= 128 and sums over up to a few thousand keys leave errors of a few

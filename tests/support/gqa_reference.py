@@ -13,7 +13,7 @@ then + attention_bias; softmax (with a sink logit in the denominator for
 smooth_softmax / head_sink); out = sum p_j V_j.
 
 Non-finite values follow ORT's CPU kernel (checked against it position by
-position in tests/test_gqa_nonfinite.py): IEEE arithmetic throughout (a NaN
+position in tests/gqa/test_gqa_nonfinite.py): IEEE arithmetic throughout (a NaN
 or +inf score or sink gives NaN); a query whose visible scores are all -inf
 with no sink gets weight 0 on every key in float32 and NaN in float16 (ORT's
 half kernel) and bfloat16 (HinaMoE's choice, as for float16); ORT's P.V runs

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from hinamoe.models import MoEConfig, build_moe_model, random_input, random_logits, run_moe, weight_feeds
 
-from conftest import ORT_HAS_LIMIT_AFTER_ACTIVATION, hina_session
-from hinamoe.models import (MoEConfig, build_moe_model, random_input, random_logits,
-                            run_moe, weight_feeds)
-from moe_reference import check_close, reference_for, weights_f64
+from support.moe_reference import check_close, reference_for, weights_f64
+from support.runtime import ORT_HAS_LIMIT_AFTER_ACTIVATION
+from support.sessions import hina_session
 
 # (activation, swiglu_fusion) pairs the EP must run
 ACT_FUSIONS = [("relu", 0), ("gelu", 0), ("silu", 0), ("identity", 0), ("relu2", 0),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moe_reference import activate, gated_activate
+from support.moe_reference import activate, gated_activate
 
 
 def qmoe_route(logits, k: int, normalize: int, router_weights=None):

@@ -31,7 +31,8 @@ import onnx
 import onnx_ir as ir
 
 from hinamoe.graph_passes import qmoe_quant
-from moe_reference import gated_activate, moe_reference, route
+
+from support.moe_reference import gated_activate, moe_reference, route
 
 MS = "com.microsoft"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import seed_for
+from support.seeds import seed_for
 
 MODEL_NAME = "tiny"
 
@@ -56,8 +56,7 @@ def printable_head(cfg, weights):
 def tiny_model(tmp_path_factory) -> TinyModel:
     from transformers import AutoTokenizer
 
-    from hinamoe.models.tiny_lm import (TinyLMConfig, build_tiny_lm, random_tiny_lm_weights, save_tiny_lm,
-                                        save_tokenizer)
+    from hinamoe.models.tiny_lm import TinyLMConfig, build_tiny_lm, random_tiny_lm_weights, save_tiny_lm, save_tokenizer
 
     cfg = TinyLMConfig(layers=2, hidden=128, heads=4, kv_heads=2, experts=8, k=2, inter=128, vocab=320,
                        max_length=512)

@@ -15,7 +15,7 @@
 
 #include "amx/block_epilogue.h"
 #include "amx/hina_microkernel.h"
-#include "moe_ffn.h"
+#include "moe/moe_ffn.h"
 #include "numa/plan_cache.h"
 #include "numa/segment_table.h"
 #include "numa/topology.h"
