@@ -142,12 +142,18 @@ def build_unfused_block(weights: BlockWeights, k: int, normalize: bool,
     return model
 
 
-def reference_block(x: np.ndarray, weights: BlockWeights, k: int, normalize: bool) -> np.ndarray:
+def reference_block(x: np.ndarray, weights: BlockWeights, k: int, normalize: bool,
+                    logits_dtype=None) -> np.ndarray:
     """float64 numpy: softmax over all experts, top-k, optional renormalise,
-    weighted SwiGLU experts, plus the gated shared expert."""
+    weighted SwiGLU experts, plus the gated shared expert. ``logits_dtype``:
+    the router logits rounded to that type first, as a model whose MoE node
+    takes them at a narrower type does (the dtype pass's bf16 / fp16 MoE), so
+    near ties route the same way."""
     shape = x.shape
     x = x.reshape(-1, shape[-1]).astype(np.float64)
     logits = x @ weights.router.astype(np.float64)
+    if logits_dtype is not None:
+        logits = logits.astype(np.float32).astype(logits_dtype).astype(np.float64)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     top = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
