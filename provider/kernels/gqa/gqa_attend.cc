@@ -43,7 +43,6 @@ void attend(const GqaShape& s, const GqaAttrs& a, const GqaTensors& t, const Gqa
             const GqaStep& st) {
   const int64_t B = s.batch, S = s.seq, N = s.num_heads, Nkv = s.kv_num_heads, d = s.head_dim;
   const int64_t G = N / Nkv;
-  (void)B;
   const DType dt = st.dt;
   const std::vector<RowLengths>& rows = st.rows;
   const std::vector<float>& qbuf = st.q;

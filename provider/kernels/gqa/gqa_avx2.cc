@@ -10,7 +10,7 @@
 //   row, then P*V -- three passes over the piece.
 //
 // Only functions with HINAMOE_AVX2 carry target("avx2,fma"); the file is
-// built for baseline x86-64 (see gemm_rows_avx2.cc).
+// built for baseline x86-64 (see moe/gemm_rows_avx2.cc).
 #include <immintrin.h>
 
 #include <algorithm>

@@ -171,7 +171,7 @@ std::string expert_outputs_blocks(const MoEShape& shape, const MoEAttrs& at, con
     return err;
   }
 
-  // Gate/up and down in one pass over the pool (moe_work.h).
+  // Gate/up and down in one pass over the pool (work_items.h).
   const std::vector<Item> up_items = make_items(routes, E, I, par.threads, kb.row_block);
   const std::vector<Item> down_items = make_items(routes, E, H, par.threads, kb.row_block);
   run_up_then_down(

@@ -235,17 +235,19 @@ inline void combine_routes(const Routes& routes, const float* y, int64_t tokens,
 }
 
 // Runs chunk(t0, n, nr) over the tokens in chunks whose scratch fits
-// tuning::kExpertScratchBytes: route_bytes of float scratch per route (k
-// routes a token), plus the other nodes' partial sums when opt partitions
-// by NUMA node. Fills opt.stats; returns "" or the first error.
+// tuning::kExpertScratchBytes: route_floats of float scratch per route (k
+// routes a token; a function of the call's ExpertDims), plus the other
+// nodes' partial sums when opt partitions by NUMA node. Fills opt.stats;
+// returns "" or the first error.
 template <class Chunk>
-std::string run_token_chunks(const MoEShape& shape, const MoEAttrs& at, int64_t route_bytes, const MoEOptions& opt,
-                             Chunk&& chunk) {
+std::string run_token_chunks(const MoEShape& shape, const MoEAttrs& at, int64_t (*route_floats)(const ExpertDims&),
+                             const MoEOptions& opt, Chunk&& chunk) {
   std::string err;
   std::unique_ptr<NumaRun> nr = make_numa_run(opt, &err);
   if (!err.empty()) return err;
-  const int64_t N1 = is_gated(at.activation) ? 2 * shape.inter : shape.inter;
-  if (nr) route_bytes += (nr->nodes - 1) * std::max(N1, shape.hidden) * int64_t(sizeof(float));  // partials
+  const ExpertDims d(shape, at);
+  int64_t route_bytes = route_floats(d) * int64_t(sizeof(float));
+  if (nr) route_bytes += (nr->nodes - 1) * std::max(d.N1, d.H) * int64_t(sizeof(float));  // partials
   const int64_t n = std::max<int64_t>(1, tuning::kExpertScratchBytes / (route_bytes * at.k));
   for (int64_t t0 = 0; t0 < shape.tokens && err.empty(); t0 += n)
     err = chunk(t0, std::min(n, shape.tokens - t0), nr.get());

@@ -115,9 +115,9 @@ std::string moe_ffn(const MoEShape& shape, const MoEAttrs& attrs, const MoETenso
   if (shape.tokens == 0) return "";
   if (tier.gemm_rows[int(t.dtype)] == nullptr)
     return std::string("kernel tier '") + tier.name + "' has no " + dtype_name(t.dtype) + " kernel";
-  const int64_t N1 = is_gated(attrs.activation) ? 2 * shape.inter : shape.inter;
-  const int64_t route_bytes = (shape.hidden + N1 + shape.inter + 48) * int64_t(sizeof(float));
-  return run_token_chunks(shape, attrs, route_bytes, opt, [&](int64_t t0, int64_t n, NumaRun* nr) {
+  // Per route: gathered tokens, gate/up sums, activations (and the output row).
+  auto route_floats = [](const ExpertDims& d) { return d.H + d.N1 + d.I + 48; };
+  return run_token_chunks(shape, attrs, route_floats, opt, [&](int64_t t0, int64_t n, NumaRun* nr) {
     return run_chunk(shape, attrs, t, t0, n, tier, par, nr);
   });
 }

@@ -12,7 +12,7 @@
 //   int8 path (accuracy_level 4, qgemm_i8_avx2.inc): 32 codes x 32 int8
 //     tokens per vpmaddubsw + vpmaddwd (8-bit: codes - 128 via sign/abs, so
 //     no int16 overflow); qgemm_avx2_vnni.cc runs the same body on vpdpbusd.
-// Only the functions below carry target attributes (see gemm_rows_avx2.cc).
+// Only the functions below carry target attributes (see moe/gemm_rows_avx2.cc).
 #include <immintrin.h>
 
 #include <algorithm>

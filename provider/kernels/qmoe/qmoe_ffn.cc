@@ -268,9 +268,9 @@ std::string qmoe_ffn(const MoEShape& shape, const QMoEAttrs& attrs, const QMoETe
   if (!err.empty()) return err;
   if (shape.tokens == 0) return "";
   const QuantKernels& qk = quant_kernels_for(tier);
-  const int64_t N1 = is_gated(attrs.moe.activation) ? 2 * shape.inter : shape.inter;
-  const int64_t route_bytes = (2 * shape.hidden + N1 + 2 * shape.inter + 64) * int64_t(sizeof(float));
-  return run_token_chunks(shape, attrs.moe, route_bytes, opt, [&](int64_t t0, int64_t n, NumaRun* nr) {
+  // Per route: the two operands (float rows and int8 codes), gate/up sums, output row.
+  auto route_floats = [](const ExpertDims& d) { return 2 * d.H + d.N1 + 2 * d.I + 64; };
+  return run_token_chunks(shape, attrs.moe, route_floats, opt, [&](int64_t t0, int64_t n, NumaRun* nr) {
     return run_chunk(shape, attrs, t, t0, n, qk, par, nr);
   });
 }

@@ -359,15 +359,16 @@ def _inputs(shape, cfg, tokens: list[int], active: int, seed: int) -> dict:
     return xs_by_n
 
 
-def _time_layer(layer: dict, cfg, src, eps, plan: Plan, args, probes, glayer, ggml_ffn, progress) -> list[Point]:
+def _time_layer(shape, layer: dict, cfg, src, eps, plan: Plan, args, probes, glayer, progress) -> list[Point]:
     """The points of one layer: every EP x thread count x tokens per expert,
     ggml beside HinaMoE where it runs; each EP's output compared with the
     first EP's (max_rel_diff_vs_cpu, on the second EP's point)."""
     from ..models import RoutingPlan, np_dtype
+    from . import ggml_ffn
 
     name, d, experts, active = layer["model"], layer["dtype"], layer["experts"], layer["active"]
     touched = active * layer["expert_bytes"]
-    xs_by_n = _inputs(layer["shape"], cfg, plan.tokens, active, args.seed)
+    xs_by_n = _inputs(shape, cfg, plan.tokens, active, args.seed)
     points: list[Point] = []
     ref_out: dict = {}
     for ep in eps:
@@ -552,8 +553,7 @@ def run(args) -> int:
                              layer_bytes=expert_bytes * experts, expert_bytes=expert_bytes,
                              cache_multiple=expert_bytes * experts / l3)
                 layers.append(layer)
-                points += _time_layer(dict(layer, shape=shape), cfg, src, eps, plan, args, probes, glayer,
-                                      ggml_ffn, progress)
+                points += _time_layer(shape, layer, cfg, src, eps, plan, args, probes, glayer, progress)
                 if glayer is not None:
                     glayer.close()
                 shutil.rmtree(mdir, ignore_errors=True)
